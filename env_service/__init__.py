@@ -1,0 +1,1 @@
+"""BFCL V3 multi-turn environment service: tasks, safe executor, episodes, verifier, HTTP API."""

@@ -1,0 +1,245 @@
+"""Clients for the environment service: over HTTP (:class:`EnvClient`) or in-process
+(:class:`InProcessEnvClient`), with the same interface and the same results.
+
+Both raise :class:`EnvServiceError` (``status``, ``error`` code, server ``message``) for any refused
+request, so calling code handles one exception type whichever transport it uses.
+
+Retries (HTTP only) are bounded and limited to failures where the request may not have been served:
+connection errors, read timeouts and 502/503/504. A 4xx is never retried (the same request would fail
+the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
+answers an already-applied step from cache instead of applying it twice; retrying ``create`` is safe
+because the client chooses the ``instance_id`` up front.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+class EnvServiceError(Exception):
+    """A request the service refused or could not serve.
+
+    ``status``: the HTTP status (the same code in-process); ``None`` when the service was unreachable.
+    ``error``: a short machine-readable code (``unknown_task``, ``unknown_instance``, ...).
+    """
+
+    def __init__(self, status: int | None, message: str, error: str = "error"):
+        super().__init__(f"[{status if status is not None else 'unreachable'}] {error}: {message}")
+        self.status = status
+        self.error = error
+        self.message = message
+
+
+class _SeqTracker:
+    """Next step index per live instance, so retried steps carry the same ``seq``."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next: dict[str, int] = {}
+
+    def reset(self, instance_id: str) -> None:
+        with self._lock:
+            self._next[instance_id] = 0
+
+    def current(self, instance_id: str) -> int | None:
+        with self._lock:
+            return self._next.get(instance_id)
+
+    def advance(self, instance_id: str, seq: int | None) -> None:
+        with self._lock:
+            if seq is not None and self._next.get(instance_id) == seq:
+                self._next[instance_id] = seq + 1
+
+    def forget(self, instance_id: str) -> None:
+        with self._lock:
+            self._next.pop(instance_id, None)
+
+
+class _ClientAPI:
+    """The public interface; transports implement ``_call(endpoint, payload)`` and ``_get``."""
+
+    def __init__(self):
+        self._seq = _SeqTracker()
+
+    def create(self, task_id: str, mode: str = "train", params: dict | None = None,
+               instance_id: str | None = None) -> dict:
+        """Start an episode: ``{"instance_id", "messages", "info"}``."""
+        # Chosen here, not by the server, so that a retried create finds the first attempt.
+        instance_id = instance_id or f"ep_{uuid.uuid4().hex}"
+        result = self._call("create", {"task_id": task_id, "mode": mode, "params": params or {},
+                                       "instance_id": instance_id})
+        self._seq.reset(result["instance_id"])
+        return result
+
+    def step(self, instance_id: str, content: str) -> dict:
+        """One assistant message: ``{"message", "terminated", "info"}``."""
+        seq = self._seq.current(instance_id)
+        result = self._call("step", {"instance_id": instance_id, "content": content, "seq": seq})
+        self._seq.advance(instance_id, seq)
+        return result
+
+    def evaluate(self, instance_id: str, reward: dict | None = None) -> dict:
+        return self._call("evaluate", {"instance_id": instance_id, "reward": reward})
+
+    def release(self, instance_id: str) -> bool:
+        self._seq.forget(instance_id)
+        return bool(self._call("release", {"instance_id": instance_id})["released"])
+
+    def set_profile(self, profile: dict) -> dict:
+        return self._call("profile", {"profile": profile})
+
+    def get_profile(self) -> dict:
+        return self._get("profile")
+
+    def health(self) -> dict:
+        return self._get("health")
+
+    def close(self) -> None:
+        """Free transport resources (no-op in-process)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _call(self, endpoint: str, payload: dict) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _get(self, endpoint: str) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class EnvClient(_ClientAPI):
+    """HTTP client. ``pool_size``: keep-alive connections (at least the caller's concurrency)."""
+
+    def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 0.5,
+                 pool_size: int = 64):
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = max(0, int(retries))
+        self.backoff_s = backoff_s
+        self.session = requests.Session()
+        # Retries are ours (below); urllib3's own would also retry 4xx-free POSTs blindly.
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _call(self, endpoint: str, payload: dict) -> Any:
+        try:
+            data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates cannot be UTF-8: send them escaped and let the service refuse them
+            # with the same 422 the in-process client gives.
+            data = json.dumps(payload).encode("ascii")
+        return self._request("POST", endpoint, data)
+
+    def _get(self, endpoint: str) -> Any:
+        return self._request("GET", endpoint, None)
+
+    def _request(self, method: str, endpoint: str, data: bytes | None) -> Any:
+        url = f"{self.url}/{endpoint}"
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self.session.request(method, url, data=data, headers=headers,
+                                                timeout=self.timeout_s)
+            except (requests.ConnectionError, requests.Timeout) as error:
+                if last:
+                    raise EnvServiceError(None, f"{method} {url} failed after {attempt + 1} "
+                                                f"attempt(s): {error}", "unreachable") from None
+                self._sleep(attempt, f"{type(error).__name__} on {endpoint}")
+                continue
+            if response.status_code in RETRY_STATUSES and not last:
+                self._sleep(attempt, f"HTTP {response.status_code} on {endpoint}")
+                continue
+            return self._decode(response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _sleep(self, attempt: int, why: str) -> None:
+        delay = self.backoff_s * (2**attempt)
+        log.warning("env service: %s; retrying in %.2f s", why, delay)
+        time.sleep(delay)
+
+    @staticmethod
+    def _decode(response: requests.Response) -> Any:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.ok and body is not None:
+            return body
+        if isinstance(body, dict) and "detail" in body:
+            raise EnvServiceError(response.status_code, str(body["detail"]),
+                                  str(body.get("error", "error")))
+        text = response.text[:500] if response.text else response.reason
+        raise EnvServiceError(response.status_code, text or "empty response", "http_error")
+
+
+class InProcessEnvClient(_ClientAPI):
+    """The same interface calling an :class:`EpisodeManager` directly (tests, single machine)."""
+
+    def __init__(self, manager=None):
+        super().__init__()
+        if manager is None:
+            from env_service.manager import EpisodeManager
+
+            manager = EpisodeManager()
+        self.manager = manager
+
+    def _call(self, endpoint: str, payload: dict) -> Any:
+        m = self.manager
+        handlers = {
+            "create": lambda p: m.create(p["task_id"], p["mode"], p["params"], p["instance_id"]),
+            "step": lambda p: m.step(p["instance_id"], p["content"], p["seq"]),
+            "evaluate": lambda p: m.evaluate(p["instance_id"], p["reward"]),
+            "release": lambda p: {"released": m.release(p["instance_id"])},
+            "profile": lambda p: m.set_profile(p["profile"]),
+        }
+        return self._guarded(handlers[endpoint], payload)
+
+    def _get(self, endpoint: str) -> Any:
+        if endpoint == "health":
+            return {"status": "ok", **self.manager.stats()}
+        return self._guarded(lambda _: self.manager.get_profile(), None)
+
+    @staticmethod
+    def _guarded(fn, payload):
+        from env_service.manager import ManagerError
+
+        try:
+            return fn(payload)
+        except ManagerError as error:
+            raise EnvServiceError(error.status, error.message, error.code) from None
+
+
+def make_client(url_or_none: str | None = None, **kwargs) -> _ClientAPI:
+    """``None`` / ``""`` / ``"inprocess"`` -> :class:`InProcessEnvClient`, else :class:`EnvClient`.
+
+    kwargs go to the chosen class (``manager=`` in-process; ``timeout_s=`` etc. over HTTP).
+    """
+    if url_or_none in (None, "", "inprocess", "in-process", "local"):
+        return InProcessEnvClient(**kwargs)
+    if not str(url_or_none).startswith(("http://", "https://")):
+        raise ValueError(f"env service url must start with http:// or https://, got {url_or_none!r}")
+    return EnvClient(str(url_or_none), **kwargs)
+
+
+__all__ = ["EnvClient", "EnvServiceError", "InProcessEnvClient", "make_client"]

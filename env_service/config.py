@@ -1,0 +1,283 @@
+"""The ``env_service.bfcl`` block of a recipe, as validated, immutable dataclasses.
+
+The trainer sends this block (a plain dict) with every ``/create``; :meth:`EnvConfig.from_dict` turns it
+into an :class:`EnvConfig`. Validation is strict on purpose: a misspelt switch (``observation_lite.enabel``)
+would otherwise silently leave a feature off and change an experiment without anyone noticing. So an
+unknown key raises ``ValueError`` naming the key and the allowed keys, and a value of the wrong type
+raises ``ValueError`` naming the key, the expected type and what was given.
+
+Defaults are those of SPEC Part B §2.4–§2.9 (the recipe turns ``observation_lite.enable`` on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from env_service.prompts import OBSERVATION_NOTE
+
+#: ``tool_prompt_mode`` values. ``bfcl_qwen_fc``: SPEC §2.4.5 (``<tool_call>`` JSON, the recipe).
+#: ``toolace_llama``: bfcl's default prompting system prompt (what bfcl uses for ToolACE-2-8B); the model
+#: answers with a Python call list ``[f(a=1), g(b="x")]`` (see ``parser.parse_python_calls``).
+TOOL_PROMPT_MODES: tuple[str, ...] = ("bfcl_qwen_fc", "toolace_llama")
+
+#: ``tool_result_mode`` values. ``bfcl_tool_response``: SPEC §2.7 (one user message of
+#: ``<tool_response>`` blocks). ``ipython``: results joined by newlines in one ``ipython``-role message,
+#: the Llama-3.1 convention bfcl's LlamaHandler uses (each result on its own line, no wrapper).
+TOOL_RESULT_MODES: tuple[str, ...] = ("bfcl_tool_response", "ipython")
+
+#: ``reward.mode`` values (SPEC §4.3 plus plain binary).
+REWARD_MODES: tuple[str, ...] = ("binary", "capped", "t3rl")
+
+
+class _Block:
+    """Shared ``from_dict``/``to_dict`` for the frozen config dataclasses below.
+
+    Each field's metadata carries its validator (see :func:`_opt`). Nested blocks are dataclasses with
+    their own ``from_dict``.
+    """
+
+    @classmethod
+    def from_dict(cls, data: Any, *, path: str = ""):
+        if data is None:
+            return cls()
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise ValueError(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = [key for key in data if key not in known]
+        if unknown:
+            where = f" in '{path}'" if path else ""
+            raise ValueError(
+                f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(repr(k) for k in unknown)}"
+                f"{where}; allowed keys: {', '.join(sorted(known))}"
+            )
+        values = {}
+        for key, value in data.items():
+            check = known[key].metadata["check"]
+            values[key] = check(value, f"{path}.{key}" if path else key)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, _Block):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, dict):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    def replace(self, **changes):
+        """A copy with some fields changed (validated like ``from_dict``)."""
+        merged = self.to_dict()
+        merged.update(changes)
+        return type(self).from_dict(merged)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validators. Each takes (value, key path) and returns the normalised value or raises ValueError.
+# ----------------------------------------------------------------------------------------------
+
+
+def _type_error(key: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"config key '{key}': expected {expected}, got {type(value).__name__} {value!r}")
+
+
+def _bool(value: Any, key: str) -> bool:
+    # bool only: 0/1 or "true" are almost always a templating mistake in a recipe.
+    if not isinstance(value, bool):
+        raise _type_error(key, "a boolean", value)
+    return value
+
+
+def _int(minimum: int | None = None):
+    def check(value: Any, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(key, "an integer", value)
+        if minimum is not None and value < minimum:
+            raise ValueError(f"config key '{key}': must be >= {minimum}, got {value}")
+        return value
+
+    return check
+
+
+def _optional_int(minimum: int | None = None):
+    check_int = _int(minimum)
+
+    def check(value: Any, key: str) -> int | None:
+        return None if value is None else check_int(value, key)
+
+    return check
+
+
+def _float(lo: float | None = None, hi: float | None = None):
+    def check(value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _type_error(key, "a number", value)
+        value = float(value)
+        if value != value:  # NaN would make every threshold comparison false
+            raise ValueError(f"config key '{key}': must not be NaN")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ValueError(f"config key '{key}': must be within [{lo}, {hi}], got {value}")
+        return value
+
+    return check
+
+
+def _str(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise _type_error(key, "a string", value)
+    return value
+
+
+def _choice(choices: tuple[str, ...]):
+    def check(value: Any, key: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"config key '{key}': expected one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    return check
+
+
+def _categories(value: Any, key: str) -> tuple[str, ...] | None:
+    """None (all categories), one name, or a list of names (``base`` or ``multi_turn_base`` both work)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise _type_error(key, "null, a string or a list of strings", value)
+
+
+def _guidelines(value: Any, key: str) -> dict[str, str | None] | None:
+    """Per-tag guideline overrides for capability cues: text replaces ours, null removes the tag."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error(key, "null or a mapping tag -> text|null", value)
+    for tag, text in value.items():
+        if not isinstance(tag, str) or not (text is None or isinstance(text, str)):
+            raise ValueError(
+                f"config key '{key}': entries must be tag -> text or null, got {tag!r}: {text!r}"
+            )
+    return dict(value)
+
+
+def _block(cls):
+    def check(value: Any, key: str):
+        return cls.from_dict(value, path=key)
+
+    return check
+
+
+def _opt(default: Any, check) -> Any:
+    """A dataclass field with a default and the validator ``from_dict`` applies to it."""
+    if isinstance(default, (dict, list)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda: default, metadata={"check": check})
+    return field(default=default, metadata={"check": check})
+
+
+# ----------------------------------------------------------------------------------------------
+# The blocks
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObservationLiteConfig(_Block):
+    """SPEC §2.5: schema cues on the tool docs shown in the system prompt (train-only by default)."""
+
+    enable: bool = _opt(False, _bool)
+    apply_to_validation: bool = _opt(False, _bool)
+    add_required_hint: bool = _opt(True, _bool)
+    add_type_hint: bool = _opt(False, _bool)
+    add_enum_hint: bool = _opt(True, _bool)
+    hide_optional: bool = _opt(False, _bool)
+    categories: tuple[str, ...] | None = _opt(None, _categories)
+    instruction: str = _opt(OBSERVATION_NOTE, _str)
+
+
+@dataclass(frozen=True)
+class ToolFeedbackConfig(_Block):
+    """SPEC §2.9 ``tool_feedback_evolution``: recovery hints after parse errors and tool errors."""
+
+    enable: bool = _opt(False, _bool)
+    apply_to_validation: bool = _opt(False, _bool)
+    categories: tuple[str, ...] | None = _opt(None, _categories)
+    max_tool_names: int = _opt(12, _int(minimum=0))
+
+
+@dataclass(frozen=True)
+class CapabilityCuesConfig(_Block):
+    """SPEC §2.9 ``diagnostic_evolution``: guideline lines chosen from the trainer's failure profile."""
+
+    enable: bool = _opt(False, _bool)
+    apply_to_validation: bool = _opt(False, _bool)
+    categories: tuple[str, ...] | None = _opt(None, _categories)
+    min_tag_count: int = _opt(8, _int(minimum=0))
+    prevalence_threshold: float = _opt(0.10, _float(0.0, 1.0))
+    reward_threshold: float = _opt(0.6, _float())
+    max_lines: int = _opt(3, _int(minimum=0))
+    per_category: bool = _opt(False, _bool)
+    guidelines: dict[str, str | None] | None = _opt(None, _guidelines)
+
+
+@dataclass(frozen=True)
+class RewardBlockConfig(_Block):
+    """The trajectory reward (SPEC §4.3). ``binary``: BFCL pass/fail (vanilla RL and, with cap 0, SEAL).
+
+    ``capped``: 1.0 on pass, else min(partial_credit_cap, partial_credit_weight * progress).
+    ``t3rl``: 1.0 on pass, else (passed + w*passed_irr) / (scorable + w*irr), w = irrelevance_weight.
+    With ``cap_decay`` the cap shrinks linearly over epochs (``epoch_index`` / ``total_epochs``, set per
+    request by the trainer) down to ``min_cap``.
+    """
+
+    mode: str = _opt("binary", _choice(REWARD_MODES))
+    partial_credit_cap: float = _opt(0.7, _float(0.0, 1.0))
+    partial_credit_weight: float = _opt(1.0, _float(0.0))
+    cap_decay: bool = _opt(False, _bool)
+    min_cap: float = _opt(0.0, _float(0.0, 1.0))
+    epoch_index: int | None = _opt(None, _optional_int(minimum=0))
+    total_epochs: int | None = _opt(None, _optional_int(minimum=1))
+    irrelevance_weight: float = _opt(0.5, _float(0.0))
+    scorable_floor: bool = _opt(False, _bool)
+
+    def to_reward_config(self):
+        """The verifier's ``RewardConfig`` with every field it shares with this block."""
+        from env_service.verifier import RewardConfig
+
+        accepted = {f.name for f in fields(RewardConfig)}
+        return RewardConfig(**{k: v for k, v in self.to_dict().items() if k in accepted})
+
+
+@dataclass(frozen=True)
+class EnvConfig(_Block):
+    """The whole ``env_service.bfcl`` block."""
+
+    strict_tool_parser: bool = _opt(True, _bool)
+    enforce_available_tools: bool = _opt(True, _bool)
+    tool_prompt_mode: str = _opt("bfcl_qwen_fc", _choice(TOOL_PROMPT_MODES))
+    tool_result_mode: str = _opt("bfcl_tool_response", _choice(TOOL_RESULT_MODES))
+    observation_lite: ObservationLiteConfig = _opt(ObservationLiteConfig(), _block(ObservationLiteConfig))
+    tool_feedback_evolution: ToolFeedbackConfig = _opt(ToolFeedbackConfig(), _block(ToolFeedbackConfig))
+    capability_cues: CapabilityCuesConfig = _opt(CapabilityCuesConfig(), _block(CapabilityCuesConfig))
+    reward: RewardBlockConfig = _opt(RewardBlockConfig(), _block(RewardBlockConfig))
+
+
+__all__ = [
+    "OBSERVATION_NOTE",
+    "REWARD_MODES",
+    "TOOL_PROMPT_MODES",
+    "TOOL_RESULT_MODES",
+    "CapabilityCuesConfig",
+    "EnvConfig",
+    "ObservationLiteConfig",
+    "RewardBlockConfig",
+    "ToolFeedbackConfig",
+]

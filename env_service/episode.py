@@ -1,0 +1,353 @@
+"""One BFCL multi-turn episode: the environment side of SPEC Part B §2.4–§2.7.
+
+An :class:`Episode` shows the model a system prompt and the first user question, then answers every
+assistant message with exactly one message:
+
+* the message has parse errors (strict parser) -> ``[ERROR] Invalid tool call format: <errors>``; the turn
+  does not advance and nothing runs;
+* it has calls, and one of them names a tool outside the *current* tool list (``enforce_available_tools``)
+  or is otherwise unusable -> ``[ERROR] Invalid tool call format: <reason>``; nothing runs;
+* it has calls -> they run, in order, on the episode's own backends; the reply is the concatenation of one
+  ``<tool_response>`` block per call;
+* it has no calls -> the next user turn: a holdout turn reveals its functions (reveal message; the tools
+  become callable, the system prompt is never updated), the last turn ends the episode with
+  ``[CONVERSATION_COMPLETED]``, otherwise the next question.
+
+The episode records, per user turn, the evidence the verifier needs (accepted calls, parse errors,
+rejected calls) and :meth:`Episode.evaluate` scores it. Train-only interface features (observation-lite,
+recovery feedback, capability cues; see ``interface.py``) apply in ``train`` mode only, unless a block sets
+``apply_to_validation``. Episodes share nothing: each owns a :class:`BackendSession`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from env_service import interface, prompts
+from env_service.config import EnvConfig
+from env_service.executor import BackendSession, ToolCall, ToolNotAvailable
+from env_service.parser import ParsedMessage, parse_assistant, shown_name
+from env_service.tasks import Task
+from env_service.verifier import RewardConfig, TurnRecord, evaluate_episode
+
+#: Modes an episode accepts; everything in ``interface.VALIDATION_MODES`` counts as validation.
+EPISODE_MODES = ("train", "validate", "validation", "val", "test", "sample")
+
+#: ``info["error_type"]`` values.
+ERROR_PARSE = "parse_error"
+ERROR_UNAVAILABLE = "unavailable_tool"
+ERROR_TOOL = "tool_error"
+
+# Upstream's texts for calls the parser let through but the executor cannot take (SPEC §2.7).
+_MISSING_NAME = "Missing function name in tool call."
+
+
+@dataclass
+class StepResult:
+    """The environment's reply to one assistant message."""
+
+    message: dict
+    terminated: bool
+    info: dict = field(default_factory=dict)
+
+
+def _tool_name(doc: Mapping) -> str:
+    name = doc.get("name") or (doc.get("function") or {}).get("name") or ""
+    return str(name)
+
+
+def _first_user_content(turn: list) -> str:
+    """Content of the first ``user`` message of a question turn ("" if none, like upstream)."""
+    for message in turn or []:
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message.get("content", "")
+    return ""
+
+
+class Episode:
+    """See the module docstring. ``mode``: ``train`` or ``validate`` (aliases in :data:`EPISODE_MODES`).
+
+    ``profile``: the failure profile the trainer last pushed (``{"step", "tags", "categories"}``), used for
+    capability cues; read once, at construction.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        mode: str = "train",
+        config: EnvConfig | None = None,
+        profile: Mapping[str, Any] | None = None,
+    ):
+        if mode not in EPISODE_MODES:
+            raise ValueError(f"unknown episode mode {mode!r}; expected one of {', '.join(EPISODE_MODES)}")
+        self.task = task
+        self.mode = mode
+        self.config = config if config is not None else EnvConfig()
+        # The tools the model may call now: the task's visible docs, plus revealed holdouts later.
+        self._tools: list[dict] = list(task.functions)
+        self._session = BackendSession(task, allowed=self._allowed_names())
+        self._turn = 0  # index of the user turn the model is answering
+        self._records: list[TurnRecord] = [TurnRecord(calls=[], exec_results=[])]
+        self._num_steps = 0
+        self._terminated = False
+        self._obs_lite = self._active(self.config.observation_lite)
+        self._feedback = self._active(self.config.tool_feedback_evolution)
+        cues = self._capability_cues(profile)
+        self._system = self._system_prompt(cues)
+        self.info = {
+            "tool_prompt_mode": self.config.tool_prompt_mode,
+            "questions_count": len(task.question),
+            "observation_lite": self._obs_lite,
+            "tool_feedback": self._feedback,
+            "capability_cues": bool(cues),
+            "capability_cue_lines": cues.count("\n- ") if cues else 0,
+        }
+
+    # -- public API -----------------------------------------------------------------------------
+
+    @property
+    def terminated(self) -> bool:
+        return self._terminated
+
+    @property
+    def turn(self) -> int:
+        """Index of the user turn the model is currently answering."""
+        return self._turn
+
+    @property
+    def num_steps(self) -> int:
+        return self._num_steps
+
+    @property
+    def tool_names(self) -> list[str]:
+        """Names of the tools the model may call now (in the order they were shown)."""
+        return [_tool_name(doc) for doc in self._tools]
+
+    @property
+    def turn_records(self) -> list[TurnRecord]:
+        """A copy of the per-turn evidence so far (one record per user turn delivered)."""
+        return copy.deepcopy(self._records)
+
+    def initial_messages(self) -> list[dict]:
+        """SPEC §2.4: ``[system, user]``; the user text is the first message of the first question turn."""
+        first = _first_user_content(self.task.question[0]) if self.task.question else ""
+        return [{"role": "system", "content": self._system}, {"role": "user", "content": first}]
+
+    def step(self, assistant_text: str) -> StepResult:
+        """Apply one assistant message (raw model text) and return the environment's reply."""
+        if self._terminated:
+            raise ValueError(
+                f"episode for {self.task.id} has already terminated ({prompts.CONVERSATION_COMPLETED} was "
+                f"sent after {self._num_steps} steps); evaluate it or start a new episode"
+            )
+        self._num_steps += 1
+        parsed = parse_assistant(assistant_text, self.config.tool_prompt_mode, self.config.strict_tool_parser)
+        if parsed.errors:
+            return self._reject_parse_errors(parsed)
+        if parsed.calls:
+            return self._handle_calls(parsed)
+        return self._next_user_turn()
+
+    def evaluate(self, reward_cfg: RewardConfig | None = None) -> dict:
+        """The verifier's evaluation of the turns so far, plus ``num_turns`` and ``num_steps``.
+
+        Without ``reward_cfg`` the episode's own ``config.reward`` block applies. May be called any time
+        (an unfinished episode is scored as force-terminated when it has fewer turns than the GT).
+        """
+        if reward_cfg is None:
+            reward_cfg = self.config.reward.to_reward_config()
+        result = evaluate_episode(self.task, self.turn_records, reward_cfg).to_dict()
+        result["num_turns"] = len(self._records)
+        result["num_steps"] = self._num_steps
+        return result
+
+    def close(self) -> None:
+        """Free the backend instances (the episode can still be evaluated: the verifier replays)."""
+        self._session.close()
+
+    # -- construction helpers -------------------------------------------------------------------
+
+    def _active(self, block) -> bool:
+        return interface.is_train_only_active(block, self.mode, self.task.category)
+
+    def _allowed_names(self) -> set[str] | None:
+        return set(self.tool_names) if self.config.enforce_available_tools else None
+
+    def _capability_cues(self, profile: Mapping[str, Any] | None) -> str:
+        cfg = self.config.capability_cues
+        if profile is None or not self._active(cfg):
+            return ""
+        return interface.capability_cues(profile, cfg, self.task.category)
+
+    def _system_prompt(self, cues: str) -> str:
+        tools = self._tools
+        extra = []
+        if self._obs_lite:
+            tools = interface.observation_lite(tools, self.config.observation_lite)
+            extra.append(self.config.observation_lite.instruction)
+        if cues:
+            extra.append(cues)
+        tool_prompt = prompts.tools_system_prompt(tools, self.config.tool_prompt_mode)
+        return prompts.system_content(tool_prompt, extra)
+
+    # -- step helpers ---------------------------------------------------------------------------
+
+    def _reply(self, content: str, *, role: str = "user", terminated: bool = False, **info) -> StepResult:
+        info = {
+            "turn": self._turn,
+            "num_turns": len(self._records),
+            "num_steps": self._num_steps,
+            "error_type": None,
+            "num_calls": 0,
+            "num_rejected_calls": 0,
+            "num_parse_errors": 0,
+            "num_tool_errors": 0,
+            "advanced": False,
+            **info,
+        }
+        return StepResult(message={"role": role, "content": content}, terminated=terminated, info=info)
+
+    def _error_message(self, error: str, error_type: str = ERROR_PARSE) -> str:
+        message = prompts.invalid_tool_call_message(error)
+        if self._feedback:
+            message = interface.enrich_parse_error(
+                message,
+                self.tool_names,
+                self.config.tool_feedback_evolution,
+                self.config.tool_prompt_mode,
+                format_hint=error_type == ERROR_PARSE,
+            )
+        return message
+
+    def _reject_parse_errors(self, parsed: ParsedMessage) -> StepResult:
+        record = self._records[-1]
+        record.parse_errors.extend(parsed.errors)
+        record.rejected_calls.extend(parsed.calls)
+        return self._reply(
+            self._error_message(parsed.error_text),
+            error_type=ERROR_PARSE,
+            num_rejected_calls=len(parsed.calls),
+            num_parse_errors=len(parsed.errors),
+        )
+
+    def _handle_calls(self, parsed: ParsedMessage) -> StepResult:
+        calls, problem, error_type = self._checked_calls(parsed.calls)
+        if problem is None:
+            try:
+                return self._execute(calls)
+            except ToolNotAvailable as exc:  # cannot happen while allowed == current tools; stay safe
+                problem, error_type = str(exc), ERROR_UNAVAILABLE
+        record = self._records[-1]
+        record.rejected_calls.extend(parsed.calls)
+        if error_type == ERROR_PARSE:
+            record.parse_errors.append(problem)
+        return self._reply(
+            self._error_message(problem, error_type),
+            error_type=error_type,
+            num_rejected_calls=len(parsed.calls),
+            num_parse_errors=int(error_type == ERROR_PARSE),
+        )
+
+    def _checked_calls(self, calls: list[ToolCall]) -> tuple[list[ToolCall], str | None, str | None]:
+        """Upstream's pre-execution checks, in call order; the first failing call rejects the message.
+
+        Returns (calls with decoded arguments, None, None) or ([], reason, error_type). String arguments
+        only reach here from the lenient parser; they are JSON-decoded as upstream does.
+        """
+        names = set(self.tool_names) if self.config.enforce_available_tools else None
+        checked = []
+        for call in calls:
+            name, arguments = call.name, call.arguments
+            if not name:
+                return [], _MISSING_NAME, ERROR_PARSE
+            if names is not None and not (isinstance(name, str) and name in names):
+                reason = f"Tool '{shown_name(name)}' is not available in the current tool list."
+                return [], reason, ERROR_UNAVAILABLE
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except Exception:
+                    reason = f"Tool '{shown_name(name)}' has invalid JSON arguments: {shown_name(arguments)}"
+                    return [], reason, ERROR_PARSE
+            if not isinstance(arguments, dict):
+                return [], f"Tool '{shown_name(name)}' arguments must be a JSON object.", ERROR_PARSE
+            checked.append(ToolCall(name=name, arguments=arguments))
+        return checked, None, None
+
+    def _execute(self, calls: list[ToolCall]) -> StepResult:
+        mode = self.config.tool_result_mode
+        record = self._records[-1]
+        pieces, tool_errors = [], 0
+        for call in calls:
+            result = self._session.execute(call)
+            record.calls.append(call)
+            record.exec_results.append(result)
+            pieces.append(prompts.render_tool_result(result, mode))
+            if interface.tool_error_text(result):
+                tool_errors += 1
+                if self._feedback:
+                    pieces.append(
+                        interface.enrich_tool_result(
+                            result, str(call.name), self.tool_names, self.config.tool_feedback_evolution
+                        )
+                    )
+        content = prompts.finish_tool_results("".join(pieces), mode)
+        return self._reply(
+            content,
+            role=prompts.tool_result_role(mode),
+            error_type=ERROR_TOOL if tool_errors else None,
+            num_calls=len(calls),
+            num_tool_errors=tool_errors,
+        )
+
+    def _next_user_turn(self) -> StepResult:
+        """SPEC §2.7 ``_handle_user_turn``: reveal, completion, or the next question."""
+        next_turn = self._turn + 1
+        holdout = self.task.holdout_functions.get(next_turn)
+        if holdout is not None:
+            revealed = self._reveal(holdout)
+            self._start_turn(next_turn)
+            return self._reply(prompts.reveal_message(holdout), advanced=True, revealed_tools=revealed)
+        if next_turn >= len(self.task.question):
+            self._terminated = True
+            return self._reply(prompts.CONVERSATION_COMPLETED, terminated=True)
+        self._start_turn(next_turn)
+        return self._reply(_first_user_content(self.task.question[next_turn]), advanced=True)
+
+    def _start_turn(self, turn: int) -> None:
+        self._turn = turn
+        self._records.append(TurnRecord(calls=[], exec_results=[]))
+
+    def _reveal(self, docs: list[dict]) -> list[str]:
+        """Make holdout docs callable (dedupe by name); the system prompt stays as it was (SPEC §2.7)."""
+        known = set(self.tool_names)
+        added = []
+        for doc in docs:
+            name = _tool_name(doc)
+            if name not in known:
+                self._tools.append(doc)
+                known.add(name)
+                added.append(name)
+        self._session.allowed = self._allowed_names()
+        return added
+
+
+__all__ = [
+    "EPISODE_MODES",
+    "ERROR_PARSE",
+    "ERROR_TOOL",
+    "ERROR_UNAVAILABLE",
+    "Episode",
+    "StepResult",
+    "replay_ground_truth",
+]
+
+
+def replay_ground_truth(task: Task, config: EnvConfig | None = None, mode: str = "validate"):
+    """Alias of :func:`env_service.replay.replay_ground_truth` (GT replay through an episode)."""
+    from env_service.replay import replay_ground_truth as replay
+
+    return replay(task, config, mode)

@@ -1,0 +1,510 @@
+"""Safe, isolated execution of BFCL tool calls — bfcl-eval's result strings without ``eval``.
+
+bfcl-eval's ``execute_multi_turn_func_call`` turns every call into a Python string, rewrites
+``f(`` into ``<instance>.f(`` and ``eval``s it; a model-chosen name such as
+``(lambda: __import__('os').getpid())`` runs. Here a call is a :class:`ToolCall` (name + JSON
+arguments) dispatched with ``getattr`` on the backend instance that owns the method; nothing
+model-produced is ever ``eval``-ed, ``exec``-ed or compiled (``ast.parse`` is used only to reproduce
+the exact text of bfcl's ``SyntaxError`` messages).
+
+Result strings equal bfcl's for the same call string ``name(k=repr(v),...)``:
+
+* deny-list ``kill, exit, quit, remove, unlink, popen, Popen, run`` (checked on the call string
+  exactly as bfcl does) -> ``Error during execution: Function call X is not allowed.``;
+* argument names that are not plain identifiers -> the ``SyntaxError`` text bfcl's ``eval`` reports;
+* unknown function name -> ``Error during execution: name 'X' is not defined``;
+* ``nan`` / ``inf`` floats (``repr`` gives a bare name) -> ``name 'nan' is not defined``;
+* results: exact ``str`` kept, exact ``dict`` ``json.dumps``-ed (``str`` on failure), else ``str()``;
+* exceptions -> ``Error during execution: {e}``.
+
+Known, deliberate divergences from bfcl (none affects any ground-truth call; see tests):
+
+1. bfcl's ``_process_method_calls`` regex also rewrites ``word(`` *inside string arguments* when
+   ``word`` is a method of an involved class (``echo(content='ls(')`` writes
+   ``'<model>_<id>_GorillaFileSystem_instance.ls('`` into the file). The injected text contains the
+   registry name, which differs between the model and ground-truth namespaces, so in bfcl such a call
+   can never match the ground truth. We pass string arguments through unchanged. No GT call of the
+   800 tasks contains such a string.
+2. Names bfcl would resolve in its own module globals or in builtins (``print``, ``len``, ``json``,
+   ``open``, ...), expressions we do not model (``(lambda: ...)()``), and call strings injected through
+   an argument name (``"x=1,y"``) are never evaluated: they get a refusal message, where bfcl would
+   execute them. Other unknown names get exactly bfcl's text: the ``SyntaxError`` of the call string,
+   else ``NameError`` for the first name Python would look up (``a.b`` -> ``a``, ``not x`` -> ``x``).
+   With ``enforce_available_tools`` these calls never reach the executor anyway.
+3. Arguments must be JSON values (str, int, float, bool, None, list, dict with str keys); anything
+   else (tuples, sets, objects) is refused with an error string. JSON input cannot produce them.
+
+Isolation: every :class:`BackendSession` builds fresh backend instances and deep-copies their state
+after ``_load_scenario`` so that no instance references module-level data (long-context TravelAPI
+inserts the module's credit-card and booking dicts by reference and then decrements balances in
+place, leaking across episodes in bfcl). All backend work runs under one module lock, because some
+long-context methods write module dicts (VehicleControlAPI weather) and return them.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import importlib
+import inspect
+import json
+import keyword
+import math
+import re
+import threading
+import types
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from env_service import _bfcl
+
+ERROR_PREFIX = "Error during execution: "
+
+# Serialises every backend instantiation and method call (see module docstring).
+_BACKEND_LOCK = threading.RLock()
+
+# bfcl's _process_method_calls pattern: an identifier directly followed by "(".
+_METHOD_CALL_PATTERN = re.compile(r"\b([a-zA-Z_]\w*)\s*(?=\()")
+
+# Placeholder for bfcl's registry name when we rebuild its processed call string (only used to
+# reproduce deny-list and SyntaxError texts, which do not depend on the name; no "." inside).
+_PLACEHOLDER_INSTANCE = "seal_instance"
+
+
+class ToolNotAvailable(Exception):
+    """A known tool that the session's ``allowed`` set does not currently expose."""
+
+    def __init__(self, name: str):
+        super().__init__(f"Tool '{name}' is not available in the current tool list.")
+        self.name = name
+
+
+@dataclass
+class ToolCall:
+    """One tool call: ``name`` and keyword ``arguments`` (JSON values)."""
+
+    name: str
+    arguments: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "arguments": self.arguments}
+
+
+def format_call_string(call: ToolCall) -> str:
+    """``name(k=repr(v),k2=repr(v2))`` — bfcl's ``convert_to_function_call`` format ("," separator)."""
+    return f"{call.name}({','.join(f'{k}={repr(v)}' for k, v in call.arguments.items())})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend classes and method tables
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _backend_class(class_name: str) -> type:
+    if class_name not in _bfcl.CLASS_FILE_PATH_MAPPING:
+        raise ValueError(f"unknown BFCL backend class {class_name!r}")
+    module = importlib.import_module(_bfcl.CLASS_FILE_PATH_MAPPING[class_name])
+    return getattr(module, class_name)
+
+
+def _public_method_names(instance: object) -> list[str]:
+    # Same rule as bfcl: bound methods whose name does not start with "_".
+    return [
+        name
+        for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod)
+        if not name.startswith("_")
+    ]
+
+
+@functools.lru_cache(maxsize=None)
+def _class_method_names(class_name: str) -> tuple[str, ...]:
+    return tuple(_public_method_names(_backend_class(class_name)()))
+
+
+def _method_owner_map(involved_classes: Iterable[str]) -> dict[str, str]:
+    """method name -> owning class; a later class wins, like bfcl's mapping dict."""
+    owners: dict[str, str] = {}
+    for class_name in involved_classes:
+        for name in _class_method_names(class_name):
+            owners[name] = class_name
+    return owners
+
+
+@functools.lru_cache(maxsize=None)
+def _parameter_names(class_name: str, method_name: str) -> tuple[str, ...]:
+    method = getattr(_backend_class(class_name), method_name)
+    params = list(inspect.signature(method).parameters.values())[1:]  # drop self
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def tool_parameter_names(name: str, involved_classes: Iterable[str]) -> tuple[str, ...]:
+    """Positional parameter names of tool ``name`` among ``involved_classes`` (KeyError if unknown)."""
+    owners = _method_owner_map(involved_classes)
+    if name not in owners:
+        raise KeyError(f"unknown tool {name!r} for classes {list(involved_classes)}")
+    return _parameter_names(owners[name], name)
+
+
+def _fresh_instance(class_name: str, initial_config: Mapping, long_context: bool) -> object:
+    instance = _backend_class(class_name)()
+    if class_name not in _bfcl.STATELESS_CLASSES:
+        instance._load_scenario(
+            copy.deepcopy(initial_config.get(class_name, {})), long_context=long_context
+        )
+    # Detach the instance from module-level data that _load_scenario inserted by reference
+    # (long-context TravelAPI credit cards / bookings). The memo keeps self-references pointing here.
+    state = copy.deepcopy(vars(instance), {id(instance): instance})
+    vars(instance).clear()
+    vars(instance).update(state)
+    return instance
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks that reproduce bfcl's texts without evaluating anything
+# ---------------------------------------------------------------------------------------------
+
+
+def _non_json_value(value: Any, path: str) -> str | None:
+    """Describe the first non-JSON value inside ``value`` (None when it is all JSON)."""
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return None
+    if kind is list:
+        for i, item in enumerate(value):
+            problem = _non_json_value(item, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return f"{path} has a non-string key {key!r}"
+            problem = _non_json_value(item, f"{path}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    return f"{path} has a non-JSON value of type {kind.__name__}"
+
+
+def _first_non_finite(value: Any) -> str | None:
+    """bfcl would ``eval`` ``repr(value)``: the first nan/inf (evaluation order) is a NameError."""
+    if type(value) is float and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf"
+    if type(value) is list:
+        items = value
+    elif type(value) is dict:
+        items = value.values()
+    else:
+        return None
+    for item in items:
+        name = _first_non_finite(item)
+        if name:
+            return name
+    return None
+
+
+def _is_plain_identifier(text: str) -> bool:
+    return text.isascii() and text.isidentifier() and not keyword.iskeyword(text)
+
+
+def _bfcl_processed(call_string: str, owners: Mapping[str, str]) -> str:
+    """bfcl's ``_process_method_calls`` with a placeholder registry name (text only, never run)."""
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        return f"{_PLACEHOLDER_INSTANCE}.{name}" if name in owners else name
+
+    return _METHOD_CALL_PATTERN.sub(replace, call_string)
+
+
+def _denied_name(processed: str) -> str | None:
+    # bfcl: text before the first "(", then the part after the first "." (method calls).
+    head = processed.split("(")[0] if "(" in processed else processed
+    if "." in head:
+        head = head.split(".")[1]
+    return head if head in _bfcl.DENIED_FUNCTION_NAMES else None
+
+
+def _syntax_error_text(error: SyntaxError) -> str:
+    return ERROR_PREFIX + str(error)
+
+
+def _parse_processed(processed: str) -> ast.expr | str:
+    """The parsed expression, or bfcl's error text when ``eval`` would not compile it."""
+    try:
+        tree = ast.parse(processed, filename="<string>", mode="eval")
+    except SyntaxError as error:
+        return _syntax_error_text(error)
+    # CPython reports repeated keyword arguments at compile time, not in ast.parse.
+    calls = sorted(
+        (node for node in ast.walk(tree) if isinstance(node, ast.Call)),
+        key=lambda node: (node.lineno, node.col_offset),
+    )
+    for call in calls:
+        seen: set[str] = set()
+        for kw in call.keywords:
+            if kw.arg is not None and kw.arg in seen:
+                return f"{ERROR_PREFIX}keyword argument repeated: {kw.arg} (<string>, line {kw.lineno})"
+            if kw.arg is not None:
+                seen.add(kw.arg)
+    return tree.body
+
+
+def _first_loaded_name(node: ast.expr) -> str | None:
+    """The first name Python would look up when evaluating ``node`` (None if it loads no name).
+
+    Covers the expression kinds a call string can plausibly take (names, attributes, calls,
+    operators, subscripts, displays); anything else (lambda, comprehension, starred, ...) raises
+    :class:`_Unsupported`.
+    """
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Constant):
+        return None
+    children: list[ast.expr]
+    if isinstance(node, ast.Attribute):
+        children = [node.value]
+    elif isinstance(node, ast.Call):
+        children = [node.func, *node.args, *(kw.value for kw in node.keywords)]
+    elif isinstance(node, ast.UnaryOp):
+        children = [node.operand]
+    elif isinstance(node, ast.BinOp):
+        children = [node.left, node.right]
+    elif isinstance(node, ast.BoolOp):
+        children = list(node.values)
+    elif isinstance(node, ast.Compare):
+        children = [node.left, *node.comparators]
+    elif isinstance(node, ast.Subscript):
+        children = [node.value, node.slice]
+    elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        children = list(node.elts)
+    elif isinstance(node, ast.Dict):
+        children = [x for pair in zip(node.keys, node.values) for x in pair if x is not None]
+    else:
+        raise _Unsupported
+    for child in children:
+        name = _first_loaded_name(child)
+        if name is not None:
+            return name
+    return None
+
+
+class _Unsupported(Exception):
+    """An expression kind whose evaluation we do not model."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions
+# ---------------------------------------------------------------------------------------------
+
+
+class BackendSession:
+    """Fresh, isolated backend instances for one task (one episode side).
+
+    ``allowed``: optional set of tool names that may be dispatched (the episode passes the tools it
+    currently exposes; may be reassigned as tools are revealed). ``None`` allows every tool.
+    """
+
+    def __init__(self, task, allowed: set[str] | None = None):
+        self.task_id: str = task.id
+        self.allowed: set[str] | None = None if allowed is None else set(allowed)
+        self._instances: dict[str, object] = {}
+        self._owners: dict[str, str] = {}
+        self._closed = False
+        with _BACKEND_LOCK:
+            for class_name in task.involved_classes:
+                self._instances[class_name] = _fresh_instance(
+                    class_name, task.initial_config, task.long_context
+                )
+        for class_name, instance in self._instances.items():
+            for name in _public_method_names(instance):
+                self._owners[name] = class_name
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """Public method names of the involved classes (what bfcl would dispatch)."""
+        return frozenset(self._owners)
+
+    @property
+    def instances(self) -> Mapping[str, object]:
+        """Class name -> live backend instance, read-only view (for the state checker)."""
+        self._check_open()
+        return types.MappingProxyType(self._instances)
+
+    def owner_of(self, name: str) -> str | None:
+        return self._owners.get(name)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Drop the backend instances; the session cannot execute afterwards."""
+        self._instances.clear()
+        self._owners.clear()
+        self._closed = True
+
+    def __enter__(self) -> "BackendSession":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"BackendSession for {self.task_id} is closed")
+
+    # -- execution -------------------------------------------------------------------------
+
+    def execute(self, call: ToolCall) -> str:
+        """Execute one call and return bfcl's result string.
+
+        Raises :class:`ToolNotAvailable` for a known tool outside ``allowed``; every other problem
+        (unknown name, bad arguments, backend exception) is reported in the returned string.
+        """
+        self._check_open()
+        name, arguments = call.name, call.arguments
+        if type(name) is not str:
+            return f"{ERROR_PREFIX}tool name must be a string, got {type(name).__name__}"
+        if type(arguments) is not dict:
+            return f"{ERROR_PREFIX}tool arguments must be a JSON object, got {type(arguments).__name__}"
+        problem = _non_json_value(arguments, "arguments")
+        if problem:
+            return f"{ERROR_PREFIX}{problem}; tool arguments must be JSON values"
+        try:
+            call_string = format_call_string(call)
+        except ValueError as error:  # e.g. an int too large for repr
+            return f"{ERROR_PREFIX}{error}"
+
+        processed = _bfcl_processed(call_string, self._owners)
+        denied = _denied_name(processed)
+        if denied:
+            return f"{ERROR_PREFIX}Function call {denied} is not allowed."
+
+        known = name in self._owners
+        if known and self.allowed is not None and name not in self.allowed:
+            raise ToolNotAvailable(name)
+
+        if not known:
+            return self._unknown_name_result(processed)
+
+        kwargs = arguments
+        if not all(_is_plain_identifier(key) for key in arguments):
+            kwargs_or_error = self._normalised_keywords(processed, arguments)
+            if isinstance(kwargs_or_error, str):
+                return kwargs_or_error
+            kwargs = kwargs_or_error
+
+        for value in kwargs.values():
+            bad_float = _first_non_finite(value)
+            if bad_float:
+                return f"{ERROR_PREFIX}name '{bad_float}' is not defined"
+
+        # eval would build fresh argument objects; never let a backend alias the caller's values.
+        kwargs = copy.deepcopy(kwargs)
+        method = getattr(self._instances[self._owners[name]], name)
+        with _BACKEND_LOCK:
+            try:
+                return _result_to_string(method(**kwargs))
+            except Exception as error:  # bfcl catches Exception around eval and conversion
+                return f"{ERROR_PREFIX}{error}"
+
+    def _unknown_name_result(self, processed: str) -> str:
+        """What bfcl's ``eval`` reports for a name that is no tool: a SyntaxError or NameError text.
+
+        When the expression would first load a name that exists in bfcl's eval namespace (a builtin
+        such as ``print``/``open``, or one of its module globals) bfcl would really run code; we refuse.
+        """
+        parsed = _parse_processed(processed)
+        if isinstance(parsed, str):
+            return parsed
+        try:
+            first = _first_loaded_name(parsed)
+        except _Unsupported:
+            first = None
+        if first is not None and first not in _bfcl.EVAL_NAMESPACE_NAMES and first != _PLACEHOLDER_INSTANCE:
+            return f"{ERROR_PREFIX}name '{first}' is not defined"
+        return f"{ERROR_PREFIX}invalid function name; only the listed tools can be called"
+
+    def _normalised_keywords(self, processed: str, arguments: dict) -> dict | str:
+        """Argument names that are not plain ASCII identifiers: reproduce what Python would do.
+
+        A ``SyntaxError`` gives bfcl's text; non-ASCII identifiers are NFKC-normalised exactly as
+        the Python parser does; any other shape (an argument name that injects more syntax) is
+        refused instead of being evaluated.
+        """
+        parsed = _parse_processed(processed)
+        if isinstance(parsed, str):
+            return parsed
+        keywords = parsed.keywords if isinstance(parsed, ast.Call) else []
+        names = [unicodedata.normalize("NFKC", key) for key in arguments]
+        if (
+            not isinstance(parsed, ast.Call)
+            or parsed.args
+            or [kw.arg for kw in keywords] != names
+        ):
+            return f"{ERROR_PREFIX}invalid argument name(s) {list(arguments)!r}"
+        return dict(zip(names, arguments.values()))
+
+
+def _result_to_string(result: Any) -> str:
+    # bfcl: exact str kept; exact dict json.dumps-ed (str() if that fails); else str().
+    if type(result) == str:  # noqa: E721  (exact type, like bfcl)
+        return result
+    if type(result) == dict:  # noqa: E721
+        try:
+            return json.dumps(result)
+        except Exception:
+            return str(result)
+    return str(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing ground-truth call strings
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_call_string(s: str, task) -> ToolCall:
+    """Parse a Python-syntax call string (bfcl GT format) into a :class:`ToolCall`.
+
+    Only ``ast.parse`` + ``ast.literal_eval`` of argument nodes; positional arguments are mapped to
+    parameter names through the backend method's signature. ValueError when malformed.
+    """
+    if not isinstance(s, str):
+        raise ValueError(f"call string must be a str, got {type(s).__name__}")
+    try:
+        node = ast.parse(s.strip(), mode="eval").body
+    except SyntaxError as error:
+        raise ValueError(f"unparseable call string {s!r}: {error}") from None
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError(f"not a plain function call: {s!r}")
+    name = node.func.id
+    arguments: dict[str, Any] = {}
+    if node.args:
+        try:
+            params = tool_parameter_names(name, task.involved_classes)
+        except KeyError:
+            raise ValueError(f"positional arguments for unknown tool {name!r} in {s!r}") from None
+        if len(node.args) > len(params):
+            raise ValueError(f"too many positional arguments in {s!r}")
+        for param, arg in zip(params, node.args):
+            arguments[param] = _literal(arg, s)
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise ValueError(f"'**' arguments are not supported: {s!r}")
+        if kw.arg in arguments:
+            raise ValueError(f"argument {kw.arg!r} given twice in {s!r}")
+        arguments[kw.arg] = _literal(kw.value, s)
+    return ToolCall(name=name, arguments=arguments)
+
+
+def _literal(node: ast.expr, source: str) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise ValueError(f"non-literal argument in {source!r}") from None

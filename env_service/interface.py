@@ -1,0 +1,413 @@
+"""The train-only interface: what SEAL's environment adds for the policy during training rollouts.
+
+Three features, each a config block with the same gating (:func:`is_train_only_active`):
+
+* ``observation_lite`` — schema cues on the tool docs of the system prompt (SPEC §2.5) plus the
+  observation note; on in the SEAL recipe.
+* ``tool_feedback_evolution`` — recovery feedback: hint lines after a rejected call
+  (:func:`enrich_parse_error`) and after a tool result that is an error (:func:`enrich_tool_result`).
+  Unlike upstream, bfcl's real execution-error strings (``Error during execution: ...``) are recognised
+  as errors too (SPEC A5.8).
+* ``capability_cues`` — guideline lines chosen from the failure profile the trainer pushes
+  (:func:`capability_cues`), appended to the system prompt.
+
+Everything is a pure function of (config, rollout mode, inputs): the same episode in validation mode
+sees the original interface whatever the switches say (unless a block sets ``apply_to_validation``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any, Iterable, Mapping
+
+#: Rollout modes that count as validation (SPEC §2.5).
+VALIDATION_MODES = frozenset({"validate", "validation", "val", "test"})
+
+_CATEGORY_PREFIX = "multi_turn_"
+
+
+def _short_category(category: str) -> str:
+    return category[len(_CATEGORY_PREFIX) :] if category.startswith(_CATEGORY_PREFIX) else category
+
+
+def is_validation_mode(mode: str | None) -> bool:
+    return str(mode or "").lower() in VALIDATION_MODES
+
+
+def is_train_only_active(block_cfg: Any, mode: str | None, category: str | None = None) -> bool:
+    """SPEC §2.5 gating of a train-only block.
+
+    Active iff ``enable``, and not (validation mode and not ``apply_to_validation``), and — when the block
+    lists ``categories`` — the task's category is listed. Categories may be written ``base`` or
+    ``multi_turn_base`` (upstream compares the latter); both forms match either.
+    """
+    if block_cfg is None or not block_cfg.enable:
+        return False
+    if is_validation_mode(mode) and not block_cfg.apply_to_validation:
+        return False
+    categories = getattr(block_cfg, "categories", None)
+    if categories:
+        wanted = {_short_category(c) for c in categories}
+        if category is None or _short_category(category) not in wanted:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# observation-lite (SPEC §2.5)
+# ------------------------------------------------------------------------------------------------
+
+
+def observation_lite(tools: list[dict], cfg: Any) -> list[dict]:
+    """Schema cues on a deep copy of ``tools`` (the input is never modified).
+
+    For each tool's top-level ``parameters.properties`` (nested properties untouched): with
+    ``hide_optional``, drop properties not in ``required``; then per property spec, collect in order
+    ``[required]`` (if required and not already in the description), ``[type: <type>]`` (if
+    ``add_type_hint``), ``Allowed values: v1, v2`` (if ``add_enum_hint`` and a non-empty ``enum``), and set
+    ``description = (old + " " + " ".join(additions)).strip()``.
+    """
+    patched = copy.deepcopy(tools)
+    for tool in patched:
+        if isinstance(tool, dict):
+            _annotate_tool(tool, cfg)
+    return patched
+
+
+def _annotate_tool(tool: dict, cfg: Any) -> None:
+    func = tool.get("function", tool)  # OpenAI-style {"function": {...}} docs too, like upstream
+    if not isinstance(func, dict):
+        return
+    params = func.get("parameters") or {}
+    if not isinstance(params, dict):
+        return
+    props = params.get("properties") or {}
+    required = set(params.get("required") or [])
+    if not isinstance(props, dict):
+        return
+    if cfg.hide_optional:
+        for name in [key for key in props if key not in required]:
+            del props[name]
+    for name, spec in props.items():
+        if isinstance(spec, dict):
+            _annotate_property(name, spec, required, cfg)
+
+
+def _annotate_property(name: str, spec: dict, required: set, cfg: Any) -> None:
+    desc = str(spec.get("description", "") or "")
+    additions = []
+    if cfg.add_required_hint and name in required and "[required]" not in desc:
+        additions.append("[required]")
+    if cfg.add_type_hint and spec.get("type") and "[type:" not in desc:
+        additions.append(f"[type: {spec.get('type')}]")
+    enum_values = spec.get("enum")
+    if cfg.add_enum_hint and enum_values and "Allowed values:" not in desc:
+        additions.append("Allowed values: " + ", ".join(str(v) for v in enum_values))
+    if additions:
+        spec["description"] = f"{desc} {' '.join(additions)}".strip()
+
+
+# ------------------------------------------------------------------------------------------------
+# recovery feedback (SPEC §2.9 tool_feedback_evolution)
+# ------------------------------------------------------------------------------------------------
+
+_FORMAT_HINTS = {
+    # SPEC §2.9, verbatim.
+    "bfcl_qwen_fc": (
+        "[Hint] Each tool call MUST be a JSON object inside <tool_call>...</tool_call> tags with both "
+        '"name" and "arguments" keys, e.g. <tool_call>{"name": "<tool>", "arguments": {"<arg>": <value>}}'
+        "</tool_call>."
+    ),
+    "toolace_llama": (
+        "[Hint] Reply with only a Python list of function calls with keyword arguments, "
+        'e.g. [tool_name(arg="value")]. Do not use <tool_call> tags or JSON objects.'
+    ),
+}
+_PLAIN_TEXT_HINT = (
+    "[Hint] If no available tool can serve the user's request, reply in plain text instead of producing "
+    "a malformed tool_call."
+)
+
+
+def shown_tool_names(tool_names: Iterable[str], max_names: int) -> list[str]:
+    """Up to ``max_names`` names, then ``... (+N more)`` (``max_names`` 0 = no limit)."""
+    names = [str(name) for name in tool_names]
+    if max_names > 0 and len(names) > max_names:
+        return names[:max_names] + [f"... (+{len(names) - max_names} more)"]
+    return names
+
+
+def enrich_parse_error(
+    base: str,
+    tool_names: Iterable[str],
+    cfg: Any,
+    prompt_mode: str = "bfcl_qwen_fc",
+    format_hint: bool = True,
+) -> str:
+    """SPEC §2.9 ``_enrich_parse_error``: the base ``[ERROR] ...`` line plus hint lines, joined by "\\n".
+
+    ``tool_names`` are the tools the model may call now. (Upstream lists the initial tools only; after
+    a holdout reveal the revealed ones are callable too, so we list the current set.) ``format_hint``
+    False drops the call-format line: used for calls that were well-formed but named a tool outside the
+    current list (upstream does not enrich that rejection at all; the tool list is exactly what helps).
+    """
+    lines = [base]
+    if format_hint:
+        lines.append(_FORMAT_HINTS.get(prompt_mode, _FORMAT_HINTS["bfcl_qwen_fc"]))
+    shown = shown_tool_names(tool_names, cfg.max_tool_names)
+    if shown:
+        lines.append("[Hint] Available tools: " + ", ".join(shown) + ".")
+    lines.append(_PLAIN_TEXT_HINT)
+    return "\n".join(lines)
+
+
+_EXECUTION_ERROR_PREFIX = "Error during execution: "
+
+
+def tool_error_text(result: Any) -> str:
+    """The error message inside a tool result, or "" when the result is not an error.
+
+    Recognises an error dict ``{"error": "<text>"}`` (also as JSON text, which is how bfcl renders the
+    backends' error dicts) and bfcl's exception rendering ``Error during execution: <text>`` (which
+    upstream's detector misses).
+    """
+    if isinstance(result, dict):
+        error = result.get("error")
+        return error if isinstance(error, str) else ""
+    if not isinstance(result, str):
+        return ""
+    text = result.strip()
+    if text.startswith(_EXECUTION_ERROR_PREFIX):
+        return text[len(_EXECUTION_ERROR_PREFIX) :].strip() or text
+    if text.startswith("{") and '"error"' in text:
+        try:
+            parsed = json.loads(text)
+        except Exception:
+            return ""
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+            return parsed["error"]
+    return ""
+
+
+_MISSING_ARGS = re.compile(r"missing\s+\d+\s+required\s+(?:positional|keyword)\s+arguments?:\s*(.+)", re.I)
+_UNEXPECTED_KWARG = re.compile(r"unexpected\s+keyword\s+argument\s*['\"]?(\w+)", re.I)
+_MAX_GENERIC_ERROR_CHARS = 200
+_MAX_LISTED_TOOLS = 8
+
+
+def diagnose_tool_error(tool_name: str, error: str, tool_names: Iterable[str] = ()) -> str:
+    """One fix hint for a tool error, or "" (SPEC §2.9 order; first match wins).
+
+    The first two texts are SPEC's verbatim; the others are ours, with the same triggers extended to
+    bfcl's actual messages (e.g. ``Only one folder level at a time``, ``No user is currently logged in``).
+    Argument names keep their original case (upstream lower-cases the whole error first).
+    """
+    text = (error or "").strip()
+    if not text:
+        return ""
+    lo = text.lower()
+    match = _MISSING_ARGS.search(text)
+    if match:
+        args = match.group(1).strip().rstrip(".")
+        return (
+            f"Required argument(s) {args} for `{tool_name}` were missing. "
+            "Re-emit the tool_call with these keys present in `arguments`."
+        )
+    match = _UNEXPECTED_KWARG.search(text)
+    if match:
+        return (
+            f"`{tool_name}` does not accept argument `{match.group(1)}`. "
+            "Drop it and only use arguments listed in the tool schema."
+        )
+    if "no such directory" in lo or "no such file" in lo:
+        return (
+            f"The path given to `{tool_name}` does not exist in the current state. "
+            "List the current directory (or read the latest results) first, then retry with an existing name."
+        )
+    if "you cannot use path" in lo or "use a single component" in lo or "one folder level at a time" in lo:
+        return f"`{tool_name}` accepts a single path component only. Move one directory level per call."
+    if _is_auth_error(lo):
+        return (
+            "This call needs an authenticated session. "
+            "Call the service's login/authenticate tool first, then retry."
+        )
+    if "tool not found" in lo or "no such tool" in lo or "unknown function" in lo or _is_undefined_name(lo):
+        names = [str(n) for n in tool_names][:_MAX_LISTED_TOOLS]
+        listed = f" Available tools include: {', '.join(names)}." if names else ""
+        return (
+            f"`{tool_name}` is not in the available tool list.{listed} "
+            "If no listed tool fits the request, reply in plain text."
+        )
+    if "expected" in lo and "got" in lo:
+        return (
+            f"`{tool_name}` received an argument of the wrong type. "
+            "Check each argument's type in the tool schema (string, integer, float, list, dict)."
+        )
+    if len(text) < _MAX_GENERIC_ERROR_CHARS:
+        return (
+            f"`{tool_name}` returned an error. "
+            "Re-read its parameter schema and retry with corrected arguments."
+        )
+    return ""
+
+
+def _is_undefined_name(lo: str) -> bool:
+    # bfcl's text for a call to a function no involved class has: "name 'foo' is not defined".
+    return lo.startswith("name '") and lo.endswith("' is not defined")
+
+
+def _is_auth_error(lo: str) -> bool:
+    return (
+        "not authenticated" in lo
+        or "not logged in" in lo
+        or "no user is currently logged in" in lo
+        or ("login" in lo and "required" in lo)
+    )
+
+
+def enrich_tool_result(result: Any, tool_name: str, tool_names: Iterable[str], cfg: Any) -> str:
+    """The ``[ToolHint] <hint>\\n`` line to append after this result's block, or "".
+
+    ``cfg`` is the ``tool_feedback_evolution`` block; the caller checks :func:`is_train_only_active`.
+    """
+    error = tool_error_text(result)
+    if not error:
+        return ""
+    hint = diagnose_tool_error(tool_name, error, tool_names)
+    return f"[ToolHint] {hint}\n" if hint else ""
+
+
+# ------------------------------------------------------------------------------------------------
+# capability cues (SPEC §2.9 diagnostic_evolution, fed by a pushed profile instead of a file)
+# ------------------------------------------------------------------------------------------------
+
+CUES_HEADER = "# Behavioral guidelines (env-evolved from recent failures):"
+
+#: Tags that are never turned into guidelines (not failures, or failures of the checker itself).
+EXCLUDED_TAGS = frozenset({"checker_error", "gt_error", "pass", "correct_abstention", "unknown"})
+
+#: One guideline per failure tag: the progress tags (SPEC §3.5) and the paper's labels (Table 5).
+DEFAULT_GUIDELINES: dict[str, str] = {
+    "spurious_tool_call": (
+        "If none of the available functions fits the user's request, say so in plain text instead of "
+        "calling a tool."
+    ),
+    "empty_turn_model_response": (
+        "When an available function can carry out the user's request, call it; do not answer with text alone."
+    ),
+    "state_mismatch": (
+        "Before a call that changes state, check the latest tool results so that its arguments match the "
+        "current state, and make every change the user asked for."
+    ),
+    "response_mismatch": (
+        "Look up every piece of information the user asks for with the matching tool instead of answering "
+        "from memory."
+    ),
+    "instance_mismatch": (
+        "Only call functions of the services in the current tool list, and make sure each call actually "
+        "runs without an error."
+    ),
+    "invalid_tool_call": (
+        "Write every tool call in the required format and use only tool names from the current tool list."
+    ),
+    "argument_mismatch": (
+        "Fill every required argument with the exact value, type and spelling given by the user or by "
+        "earlier tool results."
+    ),
+    "recovery_failure": (
+        "When a tool returns an error, read it, fix the cause (arguments, path or a missing earlier step) "
+        "and retry before moving on."
+    ),
+    "missing_tool_call": (
+        "Complete every step of the user's request with tool calls before replying; do not stop early."
+    ),
+}
+
+
+def _tag_stats(profile: Mapping[str, Any] | None, category: str | None, per_category: bool) -> dict:
+    """The ``{tag: {"count", "reward_mean"}}`` table to rank: the category's own table when asked for
+    and non-empty (``base`` and ``multi_turn_base`` keys both accepted), else the global one."""
+    if not isinstance(profile, Mapping):
+        return {}
+    if per_category and category:
+        tables = profile.get("categories")
+        if isinstance(tables, Mapping):
+            wanted = _short_category(category)
+            for key, table in tables.items():
+                if _short_category(str(key)) == wanted and isinstance(table, Mapping) and table:
+                    return dict(table)
+    tags = profile.get("tags")
+    return dict(tags) if isinstance(tags, Mapping) else {}
+
+
+def _number(stats: Any, key: str) -> float:
+    try:
+        value = float(stats.get(key, 0.0) or 0.0) if isinstance(stats, Mapping) else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return value if value == value else 0.0  # NaN counts as 0
+
+
+def select_guidelines(profile: Mapping[str, Any] | None, cfg: Any, category: str | None = None) -> list[str]:
+    """The guideline sentences for the current failure profile, most pressing first.
+
+    Failure tags only (:data:`EXCLUDED_TAGS` dropped, from the denominator too, like upstream). A tag
+    qualifies with count >= ``min_tag_count``, prevalence = count / (total count of failure tags) >=
+    ``prevalence_threshold`` and reward_mean < ``reward_threshold``; ranking by
+    prevalence * (1 - reward_mean) (ties: tag name); at most ``max_lines``.
+    """
+    table = _tag_stats(profile, category, cfg.per_category)
+    stats = {tag: s for tag, s in table.items() if tag not in EXCLUDED_TAGS}
+    total = sum(max(0.0, _number(s, "count")) for s in stats.values())
+    if total <= 0:
+        return []
+    guidelines = dict(DEFAULT_GUIDELINES)
+    for tag, text in (cfg.guidelines or {}).items():
+        if text is None:
+            guidelines.pop(tag, None)
+        elif text.strip():
+            guidelines[tag] = text.strip()
+    ranked = []
+    for tag, s in stats.items():
+        count, reward_mean = _number(s, "count"), _number(s, "reward_mean")
+        prevalence = count / total
+        if (
+            tag in guidelines
+            and count >= cfg.min_tag_count
+            and prevalence >= cfg.prevalence_threshold
+            and reward_mean < cfg.reward_threshold
+        ):
+            ranked.append((-prevalence * (1.0 - reward_mean), tag))
+    ranked.sort()
+    return [guidelines[tag] for _, tag in ranked[: cfg.max_lines]]
+
+
+def capability_cues(profile: Mapping[str, Any] | None, cfg: Any, category: str | None = None) -> str:
+    """The system-prompt block: header plus one ``- <guideline>`` line each; "" if nothing qualifies.
+
+    ``cfg`` is the ``capability_cues`` block; the caller checks :func:`is_train_only_active`.
+    """
+    lines = select_guidelines(profile, cfg, category)
+    if not lines:
+        return ""
+    return CUES_HEADER + "\n" + "\n".join(f"- {line}" for line in lines)
+
+
+__all__ = [
+    "CUES_HEADER",
+    "DEFAULT_GUIDELINES",
+    "EXCLUDED_TAGS",
+    "VALIDATION_MODES",
+    "capability_cues",
+    "diagnose_tool_error",
+    "enrich_parse_error",
+    "enrich_tool_result",
+    "is_train_only_active",
+    "is_validation_mode",
+    "observation_lite",
+    "select_guidelines",
+    "shown_tool_names",
+    "tool_error_text",
+]

@@ -1,0 +1,637 @@
+"""Many concurrent episodes behind one object: create / step / evaluate / release / profile / reclaim.
+
+The HTTP service (``service.py``) and the in-process client (``client.py``) are thin layers over
+:class:`EpisodeManager`; everything that decides *whether* a request is acceptable lives here, so the
+two transports behave identically.
+
+Concurrency model (SPEC B §2.3 keeps one Ray actor per episode; we keep one lock per episode):
+
+* ``_lock`` guards the instance dict and the counters only; it is never held while an episode works,
+  so one slow step never blocks the creation or stepping of other episodes.
+* each live episode has its own lock, so concurrent requests for the *same* episode are serialised
+  (a client retry racing its original request must not interleave two steps).
+
+Errors are typed (:class:`ManagerError` subclasses carrying an HTTP status and a short code); the
+service maps them to 4xx bodies ``{"error": code, "detail": message}``. Anything else that escapes an
+episode is a bug on our side: it is logged with its traceback and surfaces as :class:`EpisodeFailure`
+(500, short message, no traceback).
+
+Retries are made safe here rather than in the client: ``create`` with an explicit ``instance_id`` that
+already exists with the same request and no steps is answered again (the first response was lost),
+and ``step`` takes an optional ``seq`` (the 0-based index of the step); a retried step whose ``seq``
+was already applied gets the cached response instead of advancing the episode twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_service import tasks as tasks_mod
+from env_service.config import EnvConfig, RewardBlockConfig
+
+log = logging.getLogger(__name__)
+
+MODES: tuple[str, ...] = ("train", "validate")
+
+#: Largest assistant message accepted by ``step`` (UTF-8 bytes). Generations are bounded by the
+#: trainer's response length (a few thousand tokens), so anything near this is a client bug or abuse.
+MAX_CONTENT_BYTES = 256 * 1024
+#: Largest failure profile accepted by ``set_profile`` (bytes of its JSON encoding).
+MAX_PROFILE_BYTES = 1024 * 1024
+#: Longest caller-chosen instance id; ids end up in logs and dict keys.
+MAX_INSTANCE_ID_LEN = 200
+#: How long a request waits for another request on the same episode before giving up with 409.
+EPISODE_LOCK_TIMEOUT_S = 120.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class ManagerError(Exception):
+    """Base of the errors a caller can act on. ``status``: the HTTP status the service answers."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, str]:
+        return {"error": self.code, "detail": self.message}
+
+
+class BadRequest(ManagerError):
+    status, code = 400, "bad_request"
+
+
+class InvalidConfig(BadRequest):
+    """``params`` / ``reward`` rejected by the config validator (unknown key, wrong type)."""
+
+    status, code = 422, "invalid_config"
+
+
+class InvalidContent(BadRequest):
+    """The assistant text cannot be processed at all (e.g. lone surrogates: not valid Unicode)."""
+
+    status, code = 422, "invalid_content"
+
+
+class UnknownTask(ManagerError):
+    status, code = 404, "unknown_task"
+
+
+class UnknownInstance(ManagerError):
+    status, code = 404, "unknown_instance"
+
+
+class Conflict(ManagerError):
+    """The request contradicts the episode's state (duplicate id, stepping a finished episode, ...)."""
+
+    status, code = 409, "conflict"
+
+
+class PayloadTooLarge(ManagerError):
+    status, code = 413, "payload_too_large"
+
+
+class CapacityExceeded(ManagerError):
+    """Too many live episodes; retry later (the service answers 503 so clients back off and retry)."""
+
+    status, code = 503, "capacity_exceeded"
+
+
+class EpisodeFailure(ManagerError):
+    """An unexpected exception inside an episode (a bug on our side; logged with its traceback)."""
+
+    status, code = 500, "episode_failure"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _episode_api():
+    """Import the episode module lazily: it pulls in bfcl-eval, which the CLI's ``--help`` needs not."""
+    from env_service import episode as episode_mod
+
+    return episode_mod
+
+
+def _json_safe(value: Any) -> Any:
+    """A deep copy of ``value`` that encodes as strict JSON (NaN/inf -> None, tuples -> lists).
+
+    Responses leave the manager through this so that callers never share mutable state with a live
+    episode and the in-process client returns exactly what the HTTP client would decode.
+    """
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (ValueError, TypeError, RecursionError):
+        # Rare (a non-finite float, a non-JSON type, or hostile input echoed back many levels
+        # deep): sanitise with an explicit depth bound instead of failing the whole response.
+        return json.loads(json.dumps(_sanitise(value, 0), allow_nan=False))
+
+
+_MAX_RESPONSE_DEPTH = 64
+
+
+def _sanitise(value: Any, depth: int) -> Any:
+    if depth > _MAX_RESPONSE_DEPTH:
+        return "<truncated: nested too deeply>"
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):  # beyond ~4300 digits int -> str raises ValueError
+        return value if value.bit_length() < 14000 else "<integer too large>"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _sanitise(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_sanitise(v, depth + 1) for v in value]
+    return str(value)
+
+
+def _check_content(content: Any) -> str:
+    if not isinstance(content, str):
+        raise BadRequest(f"'content' must be a string, got {type(content).__name__}")
+    # Cheap upper bound first: a str never encodes to more than 4 bytes per character.
+    if len(content) * 4 > MAX_CONTENT_BYTES:
+        try:
+            size = len(content.encode("utf-8", "surrogatepass"))
+        except UnicodeError:
+            size = len(content) * 4
+        if size > MAX_CONTENT_BYTES:
+            raise PayloadTooLarge(
+                f"assistant content is {size} bytes; the limit is {MAX_CONTENT_BYTES} bytes "
+                f"({MAX_CONTENT_BYTES // 1024} KiB). Truncate the generation before stepping."
+            )
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as error:
+        # Only a hostile or broken client can produce these (token decoding yields valid text); the
+        # tokenizer on the trainer side would choke on them later, so refuse early and say where.
+        raise InvalidContent(
+            f"content is not valid Unicode: lone surrogate {content[error.start]!r} at index "
+            f"{error.start}; send UTF-8 text"
+        ) from None
+    return content
+
+
+def _check_instance_id(instance_id: Any) -> str:
+    if not isinstance(instance_id, str) or not instance_id:
+        raise BadRequest("'instance_id' must be a non-empty string")
+    if len(instance_id) > MAX_INSTANCE_ID_LEN or not instance_id.isprintable():
+        raise BadRequest(
+            f"'instance_id' must be printable and at most {MAX_INSTANCE_ID_LEN} characters"
+        )
+    return instance_id
+
+
+def _config_from_params(params: Any) -> EnvConfig:
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise InvalidConfig(f"'params' must be a JSON object, got {type(params).__name__}")
+    try:
+        return EnvConfig.from_dict(params)
+    except (ValueError, TypeError) as error:
+        raise InvalidConfig(f"invalid params: {error}") from None
+
+
+# Reward fields the verifier's RewardConfig has beyond the recipe's reward block (epoch-dependent
+# cap decay, sent per evaluation by the trainer), with their validators.
+def _is_int_or_none(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+
+_EXTRA_REWARD_KEYS = {
+    "cap_decay": (lambda v: isinstance(v, bool), "a boolean"),
+    "min_cap": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "epoch_index": (_is_int_or_none, "an integer or null"),
+    "total_epochs": (_is_int_or_none, "an integer or null"),
+}
+
+
+def _reward_config(reward: Any):
+    """``reward`` (the recipe's reward block plus cap-decay fields) -> verifier RewardConfig or None."""
+    if reward is None:
+        return None
+    if not isinstance(reward, dict):
+        raise InvalidConfig(f"'reward' must be a JSON object or null, got {type(reward).__name__}")
+    from env_service.verifier import RewardConfig
+
+    block = {k: v for k, v in reward.items() if k not in _EXTRA_REWARD_KEYS}
+    extras = {k: v for k, v in reward.items() if k in _EXTRA_REWARD_KEYS}
+    for key, value in extras.items():
+        check, expected = _EXTRA_REWARD_KEYS[key]
+        if not check(value):
+            raise InvalidConfig(f"invalid reward config: 'reward.{key}' must be {expected}, got {value!r}")
+    try:
+        base = RewardBlockConfig.from_dict(block, path="reward").to_reward_config()
+        return RewardConfig(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, **extras})
+    except (ValueError, TypeError) as error:
+        raise InvalidConfig(
+            f"invalid reward config: {error} (per-evaluation extras: {', '.join(_EXTRA_REWARD_KEYS)})"
+        ) from None
+
+
+def _request_fingerprint(task_id: str, mode: str, params: dict) -> str:
+    return json.dumps([task_id, mode, params], sort_keys=True, default=str)
+
+
+# ---------------------------------------------------------------------------------------------
+# The manager
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Slot:
+    """One live episode with its bookkeeping."""
+
+    instance_id: str
+    episode: Any
+    task_id: str
+    mode: str
+    fingerprint: str
+    initial: dict
+    created_at: float
+    last_access: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    steps: int = 0
+    terminated: bool = False
+    last_step: dict | None = None  # cached response of step ``steps - 1`` (for retried steps)
+    last_content: str | None = None
+
+
+class EpisodeManager:
+    """Thread-safe registry of live episodes. See the module docstring for the concurrency model."""
+
+    def __init__(
+        self,
+        max_episodes: int = 4096,
+        idle_timeout_s: float = 3600.0,
+        reclaim_interval_s: float = 300.0,
+        clock=time.monotonic,
+    ):
+        if max_episodes < 1:
+            raise ValueError("max_episodes must be >= 1")
+        self.max_episodes = int(max_episodes)
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.reclaim_interval_s = float(reclaim_interval_s)
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._slots: dict[str, _Slot] = {}
+        self._profile: dict | None = None
+        self._profile_version = 0
+        self._profile_updated: float | None = None
+        self._known_tasks: frozenset[str] | None = None
+        self._counts = {
+            "created": 0,
+            "released": 0,
+            "reclaimed": 0,
+            "steps": 0,
+            "evaluations": 0,
+            "client_errors": 0,
+            "episode_failures": 0,
+        }
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def _task_ids(self) -> frozenset[str]:
+        if self._known_tasks is None:
+            self._known_tasks = frozenset(tasks_mod.task_ids("all"))
+        return self._known_tasks
+
+    def _slot(self, instance_id: Any) -> _Slot:
+        instance_id = _check_instance_id(instance_id)
+        with self._lock:
+            slot = self._slots.get(instance_id)
+            if slot is not None:
+                slot.last_access = self._clock()
+        if slot is None:
+            raise UnknownInstance(
+                f"unknown instance_id {instance_id!r}: never created, already released, or "
+                f"reclaimed after {self.idle_timeout_s:.0f} s idle; create a new episode"
+            )
+        return slot
+
+    def _acquire(self, slot: _Slot) -> None:
+        if not slot.lock.acquire(timeout=EPISODE_LOCK_TIMEOUT_S):
+            raise Conflict(
+                f"episode {slot.instance_id!r} is busy with another request for more than "
+                f"{EPISODE_LOCK_TIMEOUT_S:.0f} s; send one request per episode at a time"
+            )
+
+    def _guard(self, what: str, slot: _Slot, fn, *args):
+        """Run an episode method; unexpected exceptions become EpisodeFailure (logged, 500)."""
+        try:
+            return fn(*args)
+        except ManagerError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a bug in an episode must not take the service down
+            self._count("episode_failures")
+            log.exception("%s failed for episode %s (task %s)", what, slot.instance_id, slot.task_id)
+            raise EpisodeFailure(
+                f"internal error during {what} of episode {slot.instance_id!r} "
+                f"({type(error).__name__}); the episode may be inconsistent, release it"
+            ) from None
+
+    # -- create --------------------------------------------------------------------------------
+
+    def create(self, task_id: Any, mode: Any, params: Any = None, instance_id: Any = None) -> dict:
+        """Start an episode; returns ``{"instance_id", "messages", "info"}``."""
+        task_id, mode, params = self._check_create(task_id, mode, params)
+        config = _config_from_params(params)
+        fingerprint = _request_fingerprint(task_id, mode, params)
+        if instance_id is not None:
+            instance_id = _check_instance_id(instance_id)
+            replay = self._replayed_create(instance_id, fingerprint)
+            if replay is not None:
+                return replay
+        else:
+            instance_id = f"ep_{uuid.uuid4().hex}"
+        self._ensure_capacity()
+
+        task = self._load_task(task_id)
+        profile = self.get_profile()["profile"] if mode == "train" else None
+        episode_mod = _episode_api()
+        try:
+            episode = episode_mod.Episode(task, mode, config, profile)
+            messages = episode.initial_messages()
+        except ManagerError:
+            raise
+        except ValueError as error:  # e.g. a config combination the episode refuses
+            raise InvalidConfig(f"cannot start episode for {task_id}: {error}") from None
+        info = {
+            "instance_id": instance_id,
+            "task_id": task_id,
+            "category": task.category,
+            "mode": mode,
+            "num_turns": task.num_turns,
+            "tools_count": len(task.functions),
+            "profile_version": self._profile_version if profile is not None else None,
+        }
+        extra = getattr(episode, "info", None)
+        if isinstance(extra, dict):
+            info = {**extra, **info}
+        initial = _json_safe({"instance_id": instance_id, "messages": messages, "info": info})
+        now = self._clock()
+        slot = _Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now)
+        with self._lock:
+            if instance_id in self._slots:  # lost a race with a concurrent create of the same id
+                raise Conflict(f"instance_id {instance_id!r} already exists")
+            self._slots[instance_id] = slot
+            self._counts["created"] += 1
+        return copy.deepcopy(initial)
+
+    def _check_create(self, task_id: Any, mode: Any, params: Any) -> tuple[str, str, dict]:
+        if not isinstance(task_id, str) or not task_id:
+            raise BadRequest("'task_id' must be a non-empty string like 'multi_turn_base_0'")
+        if mode not in MODES:
+            raise BadRequest(f"'mode' must be one of {', '.join(MODES)}; got {mode!r}")
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise InvalidConfig(f"'params' must be a JSON object, got {type(params).__name__}")
+        if task_id not in self._task_ids():
+            shown = task_id if len(task_id) <= 80 else task_id[:80] + "..."
+            raise UnknownTask(
+                f"unknown task_id {shown!r}; expected 'multi_turn_<category>_<index>' with category "
+                f"in {', '.join(tasks_mod.CATEGORIES)} and index 0..{tasks_mod.TASKS_PER_CATEGORY - 1}"
+            )
+        return task_id, mode, params
+
+    def _load_task(self, task_id: str):
+        try:
+            return tasks_mod.load_task(task_id)
+        except (KeyError, ValueError) as error:
+            raise UnknownTask(str(error).strip("'\"")) from None
+
+    def _replayed_create(self, instance_id: str, fingerprint: str) -> dict | None:
+        with self._lock:
+            slot = self._slots.get(instance_id)
+        if slot is None:
+            return None
+        if slot.fingerprint == fingerprint and slot.steps == 0:
+            slot.last_access = self._clock()
+            return copy.deepcopy(slot.initial)
+        raise Conflict(
+            f"instance_id {instance_id!r} already exists (with a different request or already "
+            f"stepped); choose a new id or release the old episode"
+        )
+
+    def _ensure_capacity(self) -> None:
+        with self._lock:
+            live = len(self._slots)
+        if live < self.max_episodes:
+            return
+        self.reclaim_idle()
+        with self._lock:
+            live = len(self._slots)
+        if live >= self.max_episodes:
+            raise CapacityExceeded(
+                f"{live} live episodes (limit {self.max_episodes}); release finished episodes "
+                f"or retry later"
+            )
+
+    # -- step ----------------------------------------------------------------------------------
+
+    def step(self, instance_id: Any, content: Any, seq: Any = None) -> dict:
+        """Apply one assistant message; returns ``{"message", "terminated", "info"}``.
+
+        ``seq`` (optional): the 0-based index of this step. A retry of the step just applied is
+        answered from cache; any other mismatch is a 409 naming the expected value.
+        """
+        content = _check_content(content)
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
+            raise BadRequest(f"'seq' must be a non-negative integer or null, got {seq!r}")
+        slot = self._slot(instance_id)
+        self._acquire(slot)
+        try:
+            cached = self._check_seq(slot, seq, content)
+            if cached is not None:
+                return copy.deepcopy(cached)
+            if slot.terminated:
+                raise Conflict(
+                    f"episode {slot.instance_id!r} has terminated after {slot.steps} steps; "
+                    f"evaluate and release it"
+                )
+            result = self._guard("step", slot, self._step_episode, slot, content)
+            slot.steps += 1
+            slot.terminated = bool(result["terminated"])
+            slot.last_step, slot.last_content = result, content
+        finally:
+            slot.lock.release()
+        self._count("steps")
+        return copy.deepcopy(result)
+
+    def _check_seq(self, slot: _Slot, seq: int | None, content: str) -> dict | None:
+        if seq is None or seq == slot.steps:
+            return None
+        if seq == slot.steps - 1 and slot.last_step is not None and content == slot.last_content:
+            return slot.last_step
+        raise Conflict(
+            f"step seq {seq} does not match episode {slot.instance_id!r}: {slot.steps} steps "
+            f"applied, expected seq {slot.steps}"
+        )
+
+    def _step_episode(self, slot: _Slot, content: str) -> dict:
+        try:
+            result = slot.episode.step(content)
+        except ValueError as error:
+            # The episode's own refusal (stepping a terminated episode): the caller's mistake.
+            raise Conflict(f"episode {slot.instance_id!r}: {error}") from None
+        info = dict(result.info or {})
+        info.setdefault("step", slot.steps)
+        return _json_safe(
+            {"message": result.message, "terminated": bool(result.terminated), "info": info}
+        )
+
+    # -- evaluate / release --------------------------------------------------------------------
+
+    def evaluate(self, instance_id: Any, reward: Any = None) -> dict:
+        """The episode's evaluation (verdict, reward, tags, ...); may be called more than once."""
+        reward_cfg = _reward_config(reward)
+        slot = self._slot(instance_id)
+        self._acquire(slot)
+        try:
+            result = self._guard("evaluate", slot, slot.episode.evaluate, reward_cfg)
+        finally:
+            slot.lock.release()
+        self._count("evaluations")
+        return _json_safe(result)
+
+    def release(self, instance_id: Any) -> bool:
+        """Forget an episode; False when it was not live (already released or reclaimed)."""
+        instance_id = _check_instance_id(instance_id)
+        with self._lock:
+            slot = self._slots.pop(instance_id, None)
+            if slot is not None:
+                self._counts["released"] += 1
+        if slot is None:
+            return False
+        self._close(slot)
+        return True
+
+    def _close(self, slot: _Slot) -> None:
+        # Frees backend instances early; an in-flight request on this slot keeps its own reference.
+        close = getattr(slot.episode, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                log.exception("closing episode %s failed", slot.instance_id)
+
+    def reclaim_idle(self, now: float | None = None) -> int:
+        """Release episodes idle for longer than ``idle_timeout_s``; returns how many."""
+        now = self._clock() if now is None else now
+        cutoff = now - self.idle_timeout_s
+        with self._lock:
+            stale = [s for s in self._slots.values() if s.last_access < cutoff]
+            reclaimed = []
+            for slot in stale:
+                # A slot whose lock is held is in use right now: not idle, whatever its timestamp.
+                if slot.lock.acquire(blocking=False):
+                    slot.lock.release()
+                    del self._slots[slot.instance_id]
+                    reclaimed.append(slot)
+            self._counts["reclaimed"] += len(reclaimed)
+        for slot in reclaimed:
+            self._close(slot)
+        if reclaimed:
+            log.info("reclaimed %d idle episodes", len(reclaimed))
+        return len(reclaimed)
+
+    # -- failure profile -----------------------------------------------------------------------
+
+    def set_profile(self, profile: Any) -> dict:
+        """Store the trainer's failure profile; new TRAIN episodes get it (validation never does)."""
+        if not isinstance(profile, dict):
+            raise BadRequest(f"'profile' must be a JSON object, got {type(profile).__name__}")
+        try:
+            encoded = json.dumps(profile, allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as error:
+            raise BadRequest(f"'profile' must be plain JSON (no NaN/Infinity): {error}") from None
+        if len(encoded) > MAX_PROFILE_BYTES:
+            raise PayloadTooLarge(
+                f"profile is {len(encoded)} bytes; the limit is {MAX_PROFILE_BYTES} bytes"
+            )
+        with self._lock:
+            # Episodes get their own copy (get_profile), so one stored copy is enough.
+            self._profile = json.loads(encoded)
+            self._profile_version += 1
+            self._profile_updated = time.time()
+            version = self._profile_version
+        return {"version": version}
+
+    def get_profile(self) -> dict:
+        with self._lock:
+            profile, version, updated = self._profile, self._profile_version, self._profile_updated
+        return {"profile": copy.deepcopy(profile), "version": version, "updated_at": updated}
+
+    # -- stats ---------------------------------------------------------------------------------
+
+    def note_client_error(self) -> None:
+        """Counted by the service for every 4xx it answers (visible in /health)."""
+        self._count("client_errors")
+
+    def stats(self) -> dict:
+        with self._lock:
+            counts = dict(self._counts)
+            live = len(self._slots)
+            by_mode = {m: 0 for m in MODES}
+            for slot in self._slots.values():
+                by_mode[slot.mode] += 1
+            version = self._profile_version
+        return {
+            "live": live,
+            "live_by_mode": by_mode,
+            **counts,
+            "max_episodes": self.max_episodes,
+            "idle_timeout_s": self.idle_timeout_s,
+            "profile_version": version,
+            "uptime_s": round(self._clock() - self._started, 3),
+        }
+
+    def close_all(self) -> int:
+        """Release every live episode (service shutdown)."""
+        with self._lock:
+            slots = list(self._slots.values())
+            self._slots.clear()
+            self._counts["released"] += len(slots)
+        for slot in slots:
+            self._close(slot)
+        return len(slots)
+
+
+__all__ = [
+    "MAX_CONTENT_BYTES",
+    "MODES",
+    "BadRequest",
+    "CapacityExceeded",
+    "Conflict",
+    "EpisodeFailure",
+    "EpisodeManager",
+    "InvalidConfig",
+    "InvalidContent",
+    "ManagerError",
+    "PayloadTooLarge",
+    "UnknownInstance",
+    "UnknownTask",
+]

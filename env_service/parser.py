@@ -1,0 +1,441 @@
+"""Reading tool calls out of the raw assistant text (SPEC Part B §2.6).
+
+Two formats, one result type (:class:`ParsedMessage`):
+
+* ``<tool_call>{json}</tool_call>`` blocks (:func:`parse_tool_calls`, prompt mode ``bfcl_qwen_fc``) —
+  upstream's ``xml_json`` parser, every rule and error text as SPEC §2.6.
+* a Python call list ``[f(a=1), g(b="x")]`` (:func:`parse_python_calls`, prompt mode ``toolace_llama``) —
+  the output format of bfcl's default prompting system prompt. Read with :mod:`ast`; argument values
+  must be literals (``ast.literal_eval`` on the node, which never evaluates code).
+
+Both functions never raise, whatever the input (non-str, lone surrogates, huge or deeply nested text):
+anything unexpected becomes an error string. Limits (far above anything a 4096-token generation can
+produce, and only there to bound work on hostile input arriving through the HTTP API):
+
+* :data:`MAX_TEXT_CHARS` — longer messages are not parsed (strict mode: one error).
+* :data:`MAX_CALLS_PER_MESSAGE` — more calls than this in one message is an error.
+* :data:`MAX_ARGUMENT_DEPTH` — deeper argument nesting is an error (keeps later ``repr``/``deepcopy`` of
+  the arguments in the executor and verifier far from Python's recursion limit).
+* names longer than :data:`MAX_NAME_CHARS_SHOWN` are shortened inside error messages.
+
+The ``<tool_call>`` matcher is a linear-time equivalent of upstream's regular expression
+:data:`TOOL_CALL_PATTERN` (whose backtracking is quadratic on unterminated, repeated blocks — a real
+degenerate-policy output); ``tests/test_parser.py`` checks the equivalence on random inputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_service.executor import ToolCall
+
+#: Upstream's pattern (used with ``re.DOTALL``); kept as the reference for the linear matcher below.
+TOOL_CALL_PATTERN = r"<tool_call>\s*\n?({.*?})\s*\n?\</tool_call>"
+
+MAX_TEXT_CHARS = 1_000_000
+MAX_CALLS_PER_MESSAGE = 256
+MAX_ARGUMENT_DEPTH = 32
+MAX_NAME_CHARS_SHOWN = 200
+
+_OPEN_TAG = "<tool_call>"
+_CLOSE_TAG = "</tool_call>"
+
+# SPEC §2.6 error texts (verbatim).
+ERR_NO_VALID_BLOCK = "Found tool_call tag text, but no valid <tool_call>{...}</tool_call> block."
+ERR_MISSING_KEYS = "Tool call JSON must contain both 'name' and 'arguments'."
+
+
+@dataclass
+class ParsedMessage:
+    """What the assistant said: free text, the calls it made, and why some could not be read.
+
+    ``errors`` is filled in strict mode only; in lenient mode unreadable calls are dropped silently.
+    ``call_ids`` are upstream's ids ``<name>_<k>`` (k counts accepted calls from 1).
+    """
+
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def call_ids(self) -> list[str]:
+        return [f"{call.name}_{k}" for k, call in enumerate(self.calls, start=1)]
+
+    @property
+    def error_text(self) -> str:
+        """Errors joined as in the environment's reply (SPEC §2.6.4)."""
+        return "; ".join(self.errors)
+
+
+# ------------------------------------------------------------------------------------------------
+# shared helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def _as_text(text: Any) -> str:
+    if isinstance(text, str):
+        return text
+    if text is None:
+        return ""
+    try:
+        return str(text)
+    except Exception:  # a hostile __str__; nothing sensible to parse
+        return ""
+
+
+def shown_name(name: Any) -> str:
+    """``name`` as it appears inside an error message (``str()`` like upstream's f-strings)."""
+    try:
+        text = str(name)
+    except Exception:
+        text = "<unprintable>"
+    if len(text) > MAX_NAME_CHARS_SHOWN:
+        text = text[:MAX_NAME_CHARS_SHOWN] + "..."
+    return text
+
+
+def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+    """True if containers nest deeper than ``limit`` (iterative: safe on any depth)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _too_long_error(n: int) -> str:
+    return f"Assistant message too long ({n} characters > {MAX_TEXT_CHARS}); it was not parsed."
+
+
+def _too_many_calls_error(n: int) -> str:
+    return f"Too many tool calls in one message ({n} > {MAX_CALLS_PER_MESSAGE})."
+
+
+def _too_deep_error(name: Any) -> str:
+    return (
+        f"Tool '{shown_name(name)}' arguments are nested too deeply "
+        f"(more than {MAX_ARGUMENT_DEPTH} levels)."
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# <tool_call>{json}</tool_call>
+# ------------------------------------------------------------------------------------------------
+
+
+def _skip_space(text: str, i: int) -> int:
+    """First index >= i that is not whitespace (``\\s`` in a str regex == ``str.isspace``)."""
+    n = len(text)
+    while i < n and text[i].isspace():
+        i += 1
+    return i
+
+
+def _closers(text: str) -> list[tuple[int, int]]:
+    """Every way a block can end: ``(e, end)`` with ``text[e] == "}"``, then only whitespace, then
+    ``</tool_call>`` ending at ``end``. Sorted by ``e``; linear overall (the whitespace runs scanned
+    back from distinct closing tags are disjoint)."""
+    out = []
+    q = text.find(_CLOSE_TAG)
+    while q != -1:
+        e = q - 1
+        while e >= 0 and text[e].isspace():
+            e -= 1
+        if e >= 0 and text[e] == "}":
+            out.append((e, q + len(_CLOSE_TAG)))
+        q = text.find(_CLOSE_TAG, q + 1)
+    return out
+
+
+def find_tool_call_blocks(text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, json_text)`` for each match of :data:`TOOL_CALL_PATTERN` (DOTALL), as ``re.finditer``
+    would report them, in linear time.
+
+    A match starts at an opening tag followed (after optional whitespace) by ``{`` at index b; its
+    ``{.*?}`` group ends at the first ``}`` after b that is followed by optional whitespace and a
+    closing tag. Without such a ``}`` the regex fails at this opening tag and moves on to the next.
+    """
+    closers = _closers(text)
+    closer_positions = [e for e, _ in closers]
+    blocks = []
+    pos = 0
+    while True:
+        start = text.find(_OPEN_TAG, pos)
+        if start == -1:
+            return blocks
+        brace = _skip_space(text, start + len(_OPEN_TAG))
+        if brace < len(text) and text[brace] == "{":
+            k = bisect.bisect_right(closer_positions, brace)
+            if k < len(closers):
+                e, end = closers[k]
+                blocks.append((start, end, text[brace : e + 1]))
+                pos = end
+                continue
+        pos = start + 1
+
+
+def _remove_blocks(text: str, blocks: list[tuple[int, int, str]]) -> str:
+    """Upstream's content cleaning: drop the blocks, strip, collapse blank-line runs, strip."""
+    pieces, last = [], 0
+    for start, end, _ in blocks:
+        pieces.append(text[last:start])
+        last = end
+    pieces.append(text[last:])
+    cleaned = "".join(pieces).strip()
+    return re.sub(r"\n\s*\n", "\n\n", cleaned).strip()
+
+
+def _read_block(json_text: str, strict: bool) -> tuple[ToolCall | None, str | None]:
+    """One block -> (call, None), (None, error) or (None, None) for a silently skipped non-object."""
+    try:
+        data = json.loads(json_text.strip())
+    except Exception as exc:  # JSONDecodeError, RecursionError on deep nesting, MemoryError
+        return None, f"Invalid tool call JSON: {exc}"
+    if not isinstance(data, dict):
+        return None, None
+    if "name" not in data or "arguments" not in data:
+        return None, ERR_MISSING_KEYS
+    name, arguments = data["name"], data["arguments"]
+    if strict:
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except Exception:
+                return None, f"Tool '{shown_name(name)}' has non-JSON string arguments."
+        if not isinstance(arguments, dict):
+            return None, f"Tool '{shown_name(name)}' arguments must be a JSON object."
+    if _too_deep(arguments):
+        return None, _too_deep_error(name)
+    return ToolCall(name=name, arguments=arguments), None
+
+
+def parse_tool_calls(text: Any, strict: bool = True) -> ParsedMessage:
+    """SPEC §2.6: the ``<tool_call>{json}</tool_call>`` blocks of ``text``.
+
+    Rules (upstream ``xml_json`` parser): text outside blocks is kept as ``content``; no block at all
+    while the text mentions ``<tool_call`` / ``</tool_call>`` is an error (strict); per block, invalid
+    JSON is an error, a non-object JSON value is skipped silently, missing ``name``/``arguments`` is an
+    error, and in strict mode string ``arguments`` are JSON-decoded and must end up an object. In lenient
+    mode errors are not reported and ``arguments`` are passed on as given. Never raises.
+    """
+    try:
+        return _parse_tool_calls(_as_text(text), strict)
+    except Exception as exc:  # defensive: nothing above should raise, but a reply must never crash a step
+        errors = [f"Invalid tool call JSON: {type(exc).__name__}"] if strict else []
+        return ParsedMessage(content="", errors=errors)
+
+
+def _parse_tool_calls(text: str, strict: bool) -> ParsedMessage:
+    if len(text) > MAX_TEXT_CHARS:
+        return ParsedMessage(content=text.strip(), errors=[_too_long_error(len(text))] if strict else [])
+    blocks = find_tool_call_blocks(text)
+    if not blocks:
+        has_tag = "<tool_call" in text or _CLOSE_TAG in text
+        return ParsedMessage(content=text.strip(), errors=[ERR_NO_VALID_BLOCK] if strict and has_tag else [])
+    calls, errors = [], []
+    for _, _, json_text in blocks:
+        call, error = _read_block(json_text, strict)
+        if error:
+            errors.append(error)
+        elif call is not None:
+            calls.append(call)
+    if len(calls) > MAX_CALLS_PER_MESSAGE:
+        errors.append(_too_many_calls_error(len(calls)))
+        calls = calls[:MAX_CALLS_PER_MESSAGE] if not strict else calls
+    return ParsedMessage(content=_remove_blocks(text, blocks), calls=calls, errors=errors if strict else [])
+
+
+# ------------------------------------------------------------------------------------------------
+# [func(a=1), g(b="x")]  (toolace_llama)
+# ------------------------------------------------------------------------------------------------
+# Design (ours; bfcl's own prompting decoder is the model for it). After stripping a Markdown code fence,
+# the whole reply is a call attempt if it is ``[...]`` or a bare ``name(...)`` (wrapped in brackets, as
+# bfcl's decoder does); otherwise it is plain text and the turn ends. A ``[...]`` that does not parse
+# and shows no ``[name(`` is prose (e.g. "[Note] ..."), not an error; a list without any call ("[]",
+# "[1, 2]") is a reply without calls. Unlike bfcl's decoder, positional arguments are an error rather
+# than silently dropped (the parser has no schema to name them), and argument values must be JSON-like
+# literals (tuples become lists). In strict mode, ``<tool_call>`` tags or a ``[name(`` buried in prose
+# are errors (the analogue of the "Found tool_call tag text" rule).
+
+_CALL_START = re.compile(r"[A-Za-z_][\w.]*\(")
+_EMBEDDED_CALL_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+_FENCE = re.compile(r"^```[\w-]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
+
+ERR_PY_EMBEDDED = (
+    "Found function-call syntax, but the reply is not exactly one list [func_name(arg=value), ...]; "
+    "reply with only that list, or with plain text."
+)
+ERR_PY_XML_TAGS = (
+    "This prompt format expects a Python function-call list like [func_name(arg=value)], "
+    "not <tool_call> tags."
+)
+
+
+def _strip_fence(text: str) -> str:
+    match = _FENCE.match(text)
+    return match.group(1).strip() if match else text
+
+
+def _dotted_name(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+class _NotJsonLike(Exception):
+    pass
+
+
+def _json_like(value: Any, depth: int = 1) -> Any:
+    """``value`` with tuples turned into lists; raises _NotJsonLike for bytes, sets, complex, Ellipsis,
+    non-string dict keys, or nesting deeper than :data:`MAX_ARGUMENT_DEPTH` (the executor accepts
+    JSON values only, so the Python call syntax gets the same value space as the JSON one)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if depth > MAX_ARGUMENT_DEPTH:
+        raise _NotJsonLike
+    if isinstance(value, (list, tuple)):
+        return [_json_like(item, depth + 1) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_like(item, depth + 1) for key, item in value.items()}
+    raise _NotJsonLike
+
+
+def _read_python_call(node: ast.AST) -> tuple[ToolCall | None, str | None]:
+    if not isinstance(node, ast.Call):
+        return None, "The function-call list contains an item that is not a function call."
+    name = _dotted_name(node.func)
+    if name is None:
+        return None, "A function call has an invalid function name."
+    if node.args:
+        return None, (
+            f"Tool '{shown_name(name)}' uses positional arguments; pass every argument as name=value."
+        )
+    arguments: dict[str, Any] = {}
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            return None, f"Tool '{shown_name(name)}' uses **kwargs, which is not supported."
+        if keyword.arg in arguments:  # Python rejects this at compile time, ast.parse does not
+            return None, f"Tool '{shown_name(name)}' repeats argument '{keyword.arg}'."
+        try:
+            value = _json_like(ast.literal_eval(keyword.value))
+        except _NotJsonLike:
+            return None, (
+                f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a JSON-like literal value."
+            )
+        except Exception:  # ValueError for names/expressions; RecursionError, MemoryError
+            return None, f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a literal value."
+        arguments[keyword.arg] = value
+    return ToolCall(name=name, arguments=arguments), None
+
+
+def parse_python_calls(text: Any, strict: bool = True) -> ParsedMessage:
+    """Prompt mode ``toolace_llama``: the reply's Python call list (see the design note above).
+
+    Never raises; never evaluates anything (``ast.parse`` + ``ast.literal_eval`` only).
+    """
+    try:
+        return _parse_python_calls(_as_text(text), strict)
+    except Exception as exc:  # defensive, as in parse_tool_calls
+        errors = [f"Invalid function-call syntax: {type(exc).__name__}"] if strict else []
+        return ParsedMessage(content="", errors=errors)
+
+
+def _parse_python_calls(text: str, strict: bool) -> ParsedMessage:
+    stripped = text.strip()
+    if len(text) > MAX_TEXT_CHARS:
+        return ParsedMessage(content=stripped, errors=[_too_long_error(len(text))] if strict else [])
+    candidate = _strip_fence(stripped)
+    looks_like_list = candidate.startswith("[") and candidate.endswith("]")
+    looks_like_call = _CALL_START.match(candidate) is not None and candidate.endswith(")")
+    if not (looks_like_list or looks_like_call):
+        return _plain_python_reply(text, stripped, strict)
+    if looks_like_call:
+        candidate = f"[{candidate}]"  # bfcl's decoder wraps a bare call the same way
+    try:
+        body = ast.parse(candidate, mode="eval").body
+    except Exception as exc:  # SyntaxError; ValueError (NUL bytes), RecursionError, MemoryError
+        if not (looks_like_call or _EMBEDDED_CALL_LIST.search(candidate)):
+            return _plain_python_reply(text, stripped, strict)  # e.g. "[Note] ..." is prose, not a call list
+        detail = exc.msg if isinstance(exc, SyntaxError) else type(exc).__name__
+        return _python_failure(stripped, f"Invalid function-call syntax: {detail}", strict)
+    elements = body.elts if isinstance(body, (ast.List, ast.Tuple)) else []
+    if not any(isinstance(node, ast.Call) for node in elements):
+        return _plain_python_reply(text, stripped, strict)  # "[]" or a literal list: no calls, turn ends
+    calls, errors = [], []
+    for node in elements:
+        call, error = _read_python_call(node)
+        if error:
+            errors.append(error)
+        else:
+            calls.append(call)
+    if len(calls) > MAX_CALLS_PER_MESSAGE:
+        errors.append(_too_many_calls_error(len(calls)))
+        calls = calls[:MAX_CALLS_PER_MESSAGE] if not strict else calls
+    return ParsedMessage(content="", calls=calls, errors=errors if strict else [])
+
+
+def _plain_python_reply(text: str, stripped: str, strict: bool) -> ParsedMessage:
+    """A reply without calls; in strict mode, flag call syntax that the model buried in prose."""
+    errors = []
+    if strict and ("<tool_call" in text or _CLOSE_TAG in text):
+        errors.append(ERR_PY_XML_TAGS)
+    elif strict and _EMBEDDED_CALL_LIST.search(text):
+        errors.append(ERR_PY_EMBEDDED)
+    return ParsedMessage(content=stripped, errors=errors)
+
+
+def _python_failure(content: str, error: str, strict: bool) -> ParsedMessage:
+    return ParsedMessage(content=content, errors=[error] if strict else [])
+
+
+# ------------------------------------------------------------------------------------------------
+
+_PARSERS = {"bfcl_qwen_fc": parse_tool_calls, "toolace_llama": parse_python_calls}
+
+
+def parse_assistant(text: Any, prompt_mode: str = "bfcl_qwen_fc", strict: bool = True) -> ParsedMessage:
+    """The parser that matches ``tool_prompt_mode`` (what the system prompt told the model to emit)."""
+    try:
+        parser = _PARSERS[prompt_mode]
+    except KeyError:
+        raise ValueError(
+            f"unknown tool_prompt_mode {prompt_mode!r}; expected one of {sorted(_PARSERS)}"
+        ) from None
+    return parser(text, strict=strict)
+
+
+__all__ = [
+    "ERR_MISSING_KEYS",
+    "ERR_NO_VALID_BLOCK",
+    "ERR_PY_EMBEDDED",
+    "ERR_PY_XML_TAGS",
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_CALLS_PER_MESSAGE",
+    "MAX_TEXT_CHARS",
+    "TOOL_CALL_PATTERN",
+    "ParsedMessage",
+    "find_tool_call_blocks",
+    "parse_assistant",
+    "parse_python_calls",
+    "parse_tool_calls",
+    "shown_name",
+]

@@ -1,0 +1,423 @@
+"""The environment service: a FastAPI app over :class:`~env_service.manager.EpisodeManager`.
+
+Endpoints (JSON bodies; responses are JSON; errors are ``{"error": code, "detail": message}``):
+
+=================  ==========================================================  =====================
+``POST /create``   ``{task_id, mode: "train"|"validate", params: {}, instance_id?}``  ``{instance_id, messages, info}``
+``POST /step``     ``{instance_id, content, seq?}``                             ``{message, terminated, info}``
+``POST /evaluate`` ``{instance_id, reward?}``                                   the evaluation dict
+``POST /release``  ``{instance_id}``                                            ``{released: bool}``
+``POST /profile``  ``{profile: {...}}``                                         ``{version}``
+``GET /profile``                                                                ``{profile, version, updated_at}``
+``GET /health``    (alias ``/healthz``)                                         ``{status: "ok", live, created, ...}``
+=================  ==========================================================  =====================
+
+Status codes: 400 bad request, 404 unknown task / instance / route, 409 conflict (duplicate id,
+stepping a finished episode, wrong ``seq``), 413 body or content too large, 422 malformed JSON, wrong
+field types or invalid config, 503 too many live episodes, 500 only for a bug on our side (short
+message; the traceback goes to the server log, never into the response).
+
+Compared with upstream (SPEC B §2.2): typed per-endpoint bodies instead of one generic envelope, no
+``{"success", "data"}`` wrapper, errors never carry tracebacks, and episode work runs in a thread pool
+(bfcl backends are synchronous, CPU-bound Python) so the event loop keeps serving other episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+from typing import Annotated, Any, Literal
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from env_service.manager import EpisodeManager, ManagerError, _sanitise
+
+log = logging.getLogger(__name__)
+
+#: Largest request body read at all. The assistant content limit (manager.MAX_CONTENT_BYTES, 256 KiB)
+#: applies after decoding; JSON escapes can inflate text up to 6x, hence the margin.
+MAX_BODY_BYTES = 2 * 1024 * 1024
+#: Threads that may run episode work at once. More than the trainer's concurrency (32) so that a few
+#: slow long-context steps never queue the rest behind them; the GIL bounds real parallelism anyway.
+WORKER_THREADS = 64
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8082
+
+
+# ---------------------------------------------------------------------------------------------
+# Request / response models
+# ---------------------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    # Unknown fields are refused: a misspelt field name ("instanceid") must not be silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateRequest(_Body):
+    task_id: str
+    mode: Literal["train", "validate"]
+    params: dict[str, Any] = Field(default_factory=dict)
+    instance_id: str | None = None
+
+
+class StepRequest(_Body):
+    instance_id: str
+    content: str
+    seq: Annotated[int, Field(ge=0, strict=True)] | None = None
+
+
+class EvaluateRequest(_Body):
+    instance_id: str
+    reward: dict[str, Any] | None = None
+
+
+class ReleaseRequest(_Body):
+    instance_id: str
+
+
+class ProfileRequest(_Body):
+    profile: dict[str, Any]
+
+
+class CreateResponse(BaseModel):
+    instance_id: str
+    messages: list[dict[str, Any]]
+    info: dict[str, Any]
+
+
+class StepResponse(BaseModel):
+    message: dict[str, Any]
+    terminated: bool
+    info: dict[str, Any]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    detail: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+# ---------------------------------------------------------------------------------------------
+
+
+class SafeJSONResponse(JSONResponse):
+    """Strict JSON that can never fail to render (a render failure would otherwise be a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return json.dumps(
+                content, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+            ).encode("utf-8")
+        except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
+            return json.dumps(
+                _sanitise(content, 0), ensure_ascii=True, allow_nan=False, separators=(",", ":")
+            ).encode("ascii")
+
+
+def _error(status: int, code: str, detail: str) -> SafeJSONResponse:
+    return SafeJSONResponse({"error": code, "detail": detail}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    """One readable line per problem, e.g. ``content: Input should be a valid string``.
+
+    Built by hand: FastAPI's default echoes the offending input back, which may be megabytes or
+    thousands of levels deep (and then fails to encode).
+    """
+    parts = []
+    for err in exc.errors()[:10]:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        if err.get("type") == "json_invalid":
+            reason = (err.get("ctx") or {}).get("error", "")
+            parts.append(f"malformed JSON body ({reason})" if reason else "malformed JSON body")
+            continue
+        if not loc:  # the body as a whole: missing, or not a JSON object
+            parts.append(
+                "the request body must be a JSON object sent with Content-Type: application/json"
+                + (" (the body was empty)" if err.get("type") == "missing" else "")
+            )
+            continue
+        parts.append(f"{'.'.join(loc)}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request"
+
+
+# ---------------------------------------------------------------------------------------------
+# Body size limit (pure ASGI, so an oversized body is refused before it is buffered or parsed)
+# ---------------------------------------------------------------------------------------------
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app, limit: int = MAX_BODY_BYTES):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            return await self._too_large(scope, receive, send)
+        chunks, size = [], 0
+        while True:  # buffer the (bounded) body, then replay it to the app
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return await self._too_large(scope, receive, send)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _too_large(self, scope, receive, send):
+        response = _error(
+            413,
+            "payload_too_large",
+            f"request body exceeds {self.limit} bytes; assistant content is limited to 256 KiB",
+        )
+        await response(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------------------------
+# The app
+# ---------------------------------------------------------------------------------------------
+
+
+def create_app(manager: EpisodeManager | None = None) -> FastAPI:
+    """The FastAPI app. ``manager``: share one with other code (tests); default: a fresh one."""
+    manager = manager or EpisodeManager()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.limiter = anyio.CapacityLimiter(WORKER_THREADS)
+        reclaimer = asyncio.create_task(_reclaim_loop(manager, app.state.limiter))
+        try:
+            yield
+        finally:
+            reclaimer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reclaimer
+            released = manager.close_all()
+            if released:
+                log.info("shutdown: released %d live episodes", released)
+
+    app = FastAPI(
+        title="seal env service",
+        summary="BFCL V3 multi-turn episodes for RL rollouts",
+        lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
+    )
+    app.state.manager = manager
+    app.state.limiter = None
+    app.add_middleware(BodyLimitMiddleware)
+    _install_error_handlers(app, manager)
+    _install_routes(app, manager)
+    return app
+
+
+async def _reclaim_loop(manager: EpisodeManager, limiter) -> None:
+    while True:
+        await asyncio.sleep(manager.reclaim_interval_s)
+        try:
+            await anyio.to_thread.run_sync(manager.reclaim_idle, limiter=limiter)
+        except Exception:  # noqa: BLE001 - the loop must survive anything
+            log.exception("idle reclaim failed")
+
+
+async def _run(request: Request, fn, *args):
+    """Run manager work in the worker pool; map errors to clean JSON responses."""
+    manager: EpisodeManager = request.app.state.manager
+    try:
+        result = await anyio.to_thread.run_sync(fn, *args, limiter=request.app.state.limiter)
+    except ManagerError as error:
+        if error.status < 500:
+            manager.note_client_error()
+        return _error(error.status, error.code, error.message)
+    except Exception:  # noqa: BLE001 - logged here; the client sees no internals
+        log.exception("unexpected error in %s", request.url.path)
+        return _error(500, "internal_error", "internal server error; see the service log")
+    return SafeJSONResponse(result)
+
+
+def _install_routes(app: FastAPI, manager: EpisodeManager) -> None:
+    errors = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
+              409: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
+              422: {"model": ErrorResponse}}
+
+    @app.post("/create", response_model=CreateResponse, responses=errors)
+    async def create(body: CreateRequest, request: Request):
+        return await _run(request, manager.create, body.task_id, body.mode, body.params, body.instance_id)
+
+    @app.post("/step", response_model=StepResponse, responses=errors)
+    async def step(body: StepRequest, request: Request):
+        return await _run(request, manager.step, body.instance_id, body.content, body.seq)
+
+    @app.post("/evaluate", responses=errors)
+    async def evaluate(body: EvaluateRequest, request: Request):
+        return await _run(request, manager.evaluate, body.instance_id, body.reward)
+
+    @app.post("/release", responses=errors)
+    async def release(body: ReleaseRequest, request: Request):
+        return await _run(request, lambda: {"released": manager.release(body.instance_id)})
+
+    @app.post("/profile", responses=errors)
+    async def set_profile(body: ProfileRequest, request: Request):
+        return await _run(request, manager.set_profile, body.profile)
+
+    @app.get("/profile")
+    async def get_profile(request: Request):
+        return await _run(request, manager.get_profile)
+
+    async def health():
+        # Stats take only the manager's short dict lock: answer on the loop, even when the pool
+        # is saturated, so liveness probes never time out under load.
+        return SafeJSONResponse({"status": "ok", **manager.stats()})
+
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/healthz", health, methods=["GET"], include_in_schema=False)
+
+
+def _install_error_handlers(app: FastAPI, manager: EpisodeManager) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError):
+        manager.note_client_error()
+        return _error(422, "invalid_request", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code < 500:
+            manager.note_client_error()
+        codes = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+        detail = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if exc.status_code == 400 and "parsing the body" in detail:
+            detail = "could not parse the request body: send UTF-8 encoded JSON"
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), detail)
+
+    @app.exception_handler(ManagerError)
+    async def on_manager(request: Request, exc: ManagerError):
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        log.error("unexpected error in %s: %r", request.url.path, exc)
+        return _error(500, "internal_error", "internal server error; see the service log")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+# ---------------------------------------------------------------------------------------------
+
+
+def _uvicorn_config(app, host: str, port: int, log_level: str, access_log: bool):
+    import uvicorn
+
+    # keep-alive well above the client's think time, so pooled connections are rarely closed under
+    # a request (the client retries that case, but it costs a round trip).
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=access_log,
+        timeout_keep_alive=75, lifespan="on",
+    )
+
+
+def serve(
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    log_level: str = "info",
+    manager: EpisodeManager | None = None,
+    access_log: bool = False,
+) -> None:
+    """Run the service in the foreground (blocks). Binds to 127.0.0.1 unless told otherwise."""
+    import uvicorn
+
+    uvicorn.Server(_uvicorn_config(create_app(manager), host, port, log_level, access_log)).run()
+
+
+class ServerThread:
+    """A real uvicorn server on an ephemeral port in a background thread (tests, benchmarks).
+
+    >>> with ServerThread() as server:
+    ...     EnvClient(server.url).health()
+    """
+
+    def __init__(self, manager: EpisodeManager | None = None, host: str = DEFAULT_HOST,
+                 port: int = 0, log_level: str = "warning"):
+        import uvicorn
+
+        self.manager = manager or EpisodeManager()
+        self.app = create_app(self.manager)
+        # proto must be IPPROTO_TCP explicitly: asyncio enables TCP_NODELAY on accepted connections
+        # only for sockets that say so, and with Nagle on every response waits ~40 ms for an ACK.
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = self._socket.getsockname()[:2]
+        self.server = uvicorn.Server(_uvicorn_config(self.app, host, self.port, log_level, False))
+        self._thread = threading.Thread(target=self._run, name="env-service", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        self.server.run(sockets=[self._socket])
+
+    def start(self, timeout_s: float = 30.0) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("env service thread failed to start")
+            time.sleep(0.01)
+        return self
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.server.started and not self.server.should_exit
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout_s)
+        with contextlib.suppress(OSError):
+            self._socket.close()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "MAX_BODY_BYTES",
+    "BodyLimitMiddleware",
+    "ServerThread",
+    "create_app",
+    "serve",
+]

@@ -1,0 +1,8 @@
+"""Train a SEAL recipe: ``python launcher.py --conf exp/SEAL.yaml [hydra overrides]`` (see seal/launch.py)."""
+
+import sys
+
+from seal.launch import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Write the SEAL data split (SPEC A4) and the verl RL datasets.
+
+Outputs (under ``--out-dir``, default ``data/``):
+
+* ``split.json``: seed, rule, per-split indices and task ids (train / val / test / heldout).
+* ``bfcl_train.parquet``: the 400 train tasks, category-major then index.
+* ``bfcl_heldout.parquet``: the 400 held-out tasks, all val rows (category-major) then all test rows
+  (SPEC §7.1 order).
+
+Parquet columns (verl RLHFDataset layout): ``data_source`` (``multi_turn_<category>``, the
+validation metric key), ``prompt`` (``[{"role": "user", "content": <task id>}]``: a placeholder, the
+real prompt comes from the environment service at rollout), ``ability``, ``reward_model``
+(``{ground_truth: JSON of the GT turns, style: "interaction"}``), ``extra_info`` (``task_id``,
+``index`` = task id, ``split``, ``category`` = short category name), ``agent_name`` (``seal_bfcl``).
+
+Files are written with pyarrow directly (explicit schema, no pandas metadata), so regenerating
+reproduces them byte-for-byte with the same pyarrow version (its version string is embedded in the
+parquet footer). ``--check`` regenerates into a temporary directory and compares bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from env_service import _bfcl  # noqa: E402
+from env_service.tasks import (  # noqa: E402
+    CATEGORIES,
+    SPLIT_RULE,
+    SPLIT_SEED,
+    load_task,
+    split_indices,
+    split_of,
+    task_ids,
+)
+
+SPLIT_FILE = "split.json"
+TRAIN_FILE = "bfcl_train.parquet"
+HELDOUT_FILE = "bfcl_heldout.parquet"
+OUTPUT_FILES = (SPLIT_FILE, TRAIN_FILE, HELDOUT_FILE)
+
+ABILITY = "multi_turn_function_calling"
+AGENT_NAME = "seal_bfcl"
+REWARD_STYLE = "interaction"
+
+SCHEMA = pa.schema(
+    [
+        pa.field("data_source", pa.string()),
+        pa.field(
+            "prompt",
+            pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])),
+        ),
+        pa.field("ability", pa.string()),
+        pa.field(
+            "reward_model",
+            pa.struct([pa.field("ground_truth", pa.string()), pa.field("style", pa.string())]),
+        ),
+        pa.field(
+            "extra_info",
+            pa.struct(
+                [
+                    pa.field("task_id", pa.string()),
+                    pa.field("index", pa.string()),
+                    pa.field("split", pa.string()),
+                    pa.field("category", pa.string()),
+                ]
+            ),
+        ),
+        pa.field("agent_name", pa.string()),
+    ]
+)
+
+
+def dataset_row(task_id: str, seed: int = SPLIT_SEED) -> dict:
+    task = load_task(task_id)
+    return {
+        "data_source": task.data_source,
+        "prompt": [{"role": "user", "content": task.id}],
+        "ability": ABILITY,
+        "reward_model": {"ground_truth": json.dumps(task.ground_truth), "style": REWARD_STYLE},
+        "extra_info": {
+            "task_id": task.id,
+            "index": task.id,
+            "split": split_of(task.id, seed),
+            "category": task.category,
+        },
+        "agent_name": AGENT_NAME,
+    }
+
+
+def write_parquet(path: Path, ids: list[str], seed: int = SPLIT_SEED) -> None:
+    table = pa.Table.from_pylist([dataset_row(task_id, seed) for task_id in ids], schema=SCHEMA)
+    pq.write_table(table, path, compression="zstd", compression_level=3)
+
+
+def split_document(seed: int = SPLIT_SEED) -> dict:
+    return {
+        "seed": seed,
+        "rule": SPLIT_RULE,
+        "bfcl_eval_version": _bfcl.BFCL_EVAL_VERSION,
+        "categories": list(CATEGORIES),
+        "indices": split_indices(seed),
+        "task_ids": {name: task_ids(name, seed) for name in ("train", "val", "test", "heldout")},
+    }
+
+
+def dump_split_document(document: dict) -> str:
+    """JSON with one line per list, so the file stays reviewable (json.loads round-trips it)."""
+
+    def dump(value: object, indent: str) -> str:
+        if isinstance(value, dict) and value:
+            inner = indent + "  "
+            items = [f"{inner}{json.dumps(key)}: {dump(item, inner)}" for key, item in value.items()]
+            return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+        return json.dumps(value)
+
+    return dump(document, "") + "\n"
+
+
+def generate(out_dir: Path, seed: int = SPLIT_SEED) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SPLIT_FILE).write_text(dump_split_document(split_document(seed)), encoding="utf-8")
+    write_parquet(out_dir / TRAIN_FILE, task_ids("train", seed), seed)
+    write_parquet(out_dir / HELDOUT_FILE, task_ids("heldout", seed), seed)
+    return [out_dir / name for name in OUTPUT_FILES]
+
+
+def check(out_dir: Path, seed: int = SPLIT_SEED) -> list[str]:
+    """Names of the files in ``out_dir`` that differ from a fresh regeneration (missing counts)."""
+    with tempfile.TemporaryDirectory(prefix="seal-split-") as tmp:
+        generate(Path(tmp), seed)
+        return [
+            name
+            for name in OUTPUT_FILES
+            if not (out_dir / name).is_file()
+            or not filecmp.cmp(out_dir / name, Path(tmp) / name, shallow=False)
+        ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "data")
+    parser.add_argument("--seed", type=int, default=SPLIT_SEED)
+    parser.add_argument("--check", action="store_true", help="regenerate to a temp dir and compare bytes")
+    args = parser.parse_args(argv)
+    if args.check:
+        mismatched = check(args.out_dir, args.seed)
+        if mismatched:
+            print(f"mismatch in {args.out_dir}: {', '.join(mismatched)}", file=sys.stderr)
+            return 1
+        print(f"ok: {', '.join(OUTPUT_FILES)} reproduce byte-for-byte")
+        return 0
+    for path in generate(args.out_dir, args.seed):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

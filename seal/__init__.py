@@ -1,0 +1,1 @@
+"""SEAL trainer side: verl extensions (agent loop, A-Patch, capability state, CPU backend)."""

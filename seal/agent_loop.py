@@ -1,0 +1,274 @@
+"""The BFCL multi-turn agent loop, registered in verl's agent-loop registry as ``seal_bfcl``.
+
+One trajectory = one episode on the environment service:
+
+    create episode (train or validate mode) → [generate → env.step]* → evaluate → release
+
+Token discipline (SPEC A5.5, field-pitfalls #1–#10):
+- the model's turns are the token ids the generation server returned, never re-tokenised text;
+- environment messages are appended as chat-template deltas (verl's Continuous Token builder) with mask 0;
+- a generation cut by the length limit is closed with an ``<|im_end|>`` that is *inserted* (mask 0), so the
+  context stays well-formed and no token the model did not generate is ever trained on.
+
+At the end the service's verdict is the reward and the trajectory carries its diagnosis (category, progress
+tags, paper labels, number of model calls, termination reason) into the batch as ``seal_*`` extra fields.
+An episode whose service calls keep failing is retried ``seal.rollout.episode_retries`` times, then returned
+with an empty loss mask and ``seal_failed=True`` (SPEC A5.6), which the trainer counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from env_service.client import EnvServiceError, make_client
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "seal_bfcl"
+TRUNCATION_MARKER = "\n... truncate ..."
+ERROR_MARKERS = ("[ERROR]", "Error during execution")
+ERROR_TEXT_CHARS = 2000
+_CLIENTS: dict[tuple, Any] = {}
+
+
+class EpisodeFailed(RuntimeError):
+    """The environment service could not run the episode (after retries)."""
+
+
+def env_client(url: str, timeout_s: float, retries: int):
+    """One HTTP client per worker process and URL: keeps the connection pool warm across trajectories."""
+    key = (url, timeout_s, retries)
+    if key not in _CLIENTS:
+        _CLIENTS[key] = make_client(url, timeout_s=timeout_s, retries=retries)
+    return _CLIENTS[key]
+
+
+@dataclass
+class Trajectory:
+    """Growing token state of one episode (prompt + interleaved model/env tokens)."""
+
+    token_ids: list[int]
+    prompt_len: int
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    env_errors: list[str] = field(default_factory=list)
+    model_calls: int = 0
+    termination: str = "completed"
+
+    @property
+    def response_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+
+@register(AGENT_NAME)
+class BfclAgentLoop(AgentLoopBase):
+    """Runs one BFCL episode against the environment service and returns it as a verl ``AgentLoopOutput``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        seal_cfg = self.config.seal
+        env_cfg = self.config.env_service
+        self.max_model_calls = int(seal_cfg.rollout.max_model_calls)
+        self.max_env_tokens = int(seal_cfg.rollout.max_env_tokens)
+        self.episode_retries = int(seal_cfg.rollout.episode_retries)
+        self.response_length = int(self.rollout_config.response_length)
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.max_model_len = int(self.rollout_config.max_model_len or self.prompt_length + self.response_length)
+        self.env_params = _to_container(env_cfg.bfcl)
+        self.reward_params = _to_container(seal_cfg.reward)
+        self.env = env_client(env_cfg.url, float(env_cfg.timeout_s), int(env_cfg.retries))
+        self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if self.eos_id is None or self.eos_id == self.tokenizer.unk_token_id:
+            self.eos_id = self.tokenizer.eos_token_id
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        extra = kwargs["extra_info"]
+        task_id, mode = extra["task_id"], ("train" if extra.get("split") == "train" else "validate")
+        metrics: dict[str, Any] = {}
+        last_error = None
+        for attempt in range(self.episode_retries + 1):
+            try:
+                return await self._run_episode(task_id, mode, sampling_params, metrics)
+            except (EnvServiceError, EpisodeFailed, OSError) as exc:  # env side failed: retry the episode
+                last_error = exc
+                logger.warning("episode %s attempt %d/%d failed: %s", task_id, attempt + 1, self.episode_retries + 1, exc)
+                await asyncio.sleep(min(2.0**attempt, 8.0) * 0.25)
+        return self._failed_output(task_id, extra, str(last_error), metrics)
+
+    # ---- one episode -------------------------------------------------------------------------------
+
+    async def _run_episode(self, task_id: str, mode: str, sampling_params: dict, metrics: dict) -> AgentLoopOutput:
+        created = await self._env_call(self.env.create, task_id, mode, self.env_params)
+        instance_id = created["instance_id"]
+        try:
+            traj = await self._start(created["messages"])
+            await self._interact(traj, instance_id, sampling_params, metrics)
+            evaluation = await self._env_call(self.env.evaluate, instance_id, self.reward_params)
+        finally:
+            await self._release_quietly(instance_id)
+        return self._output(task_id, created["info"], traj, evaluation, metrics)
+
+    async def _start(self, messages: list[dict]) -> Trajectory:
+        prompt_ids = await self.loop.run_in_executor(
+            None, lambda: self.continuous_token_builder.build_initial_tokens(messages)
+        )
+        if len(prompt_ids) > self.prompt_length:
+            raise ValueError(
+                f"The first prompt has {len(prompt_ids)} tokens but rollout.prompt_length is {self.prompt_length}; "
+                "raise data.max_prompt_length (the BFCL tool schemas are long) instead of truncating the prompt."
+            )
+        return Trajectory(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), messages=list(messages))
+
+    async def _interact(self, traj: Trajectory, instance_id: str, sampling_params: dict, metrics: dict) -> None:
+        context_budget = self.max_model_len - self.response_length
+        while True:
+            if traj.model_calls >= self.max_model_calls:
+                traj.termination = "max_model_calls"
+                return
+            if len(traj.token_ids) >= context_budget:
+                traj.termination = "context_budget"
+                return
+            text = await self._generate(traj, sampling_params, metrics)
+            with _timer(metrics, "tool_calls"):
+                step = await self._env_call(self.env.step, instance_id, text)
+            if step["terminated"]:
+                traj.termination = "completed"
+                return
+            content = step["message"]["content"]
+            if any(marker in content for marker in ERROR_MARKERS):
+                traj.env_errors.append(content[:ERROR_TEXT_CHARS])
+            await self._append_env_message(traj, content)
+
+    async def _generate(self, traj: Trajectory, sampling_params: dict, metrics: dict) -> str:
+        params = {**sampling_params, "max_tokens": self.response_length}
+        with _timer(metrics, "generate_sequences"):
+            output = await self.server_manager.generate(
+                request_id=uuid.uuid4().hex, prompt_ids=traj.token_ids, sampling_params=params
+            )
+        traj.model_calls += 1
+        generated = list(output.token_ids)
+        merge, mask, logprobs = await self.ct_merge_assistant_token(
+            traj.token_ids,
+            generated,
+            traj.response_mask,
+            traj.response_logprobs if output.log_probs else None,
+            assistant_logprobs=list(output.log_probs) if output.log_probs else None,
+        )
+        traj.token_ids, traj.response_mask = merge.token_ids, mask
+        if logprobs is not None:
+            traj.response_logprobs = logprobs
+        if not generated or generated[-1] != self.eos_id:
+            # Length-truncated turn: close it for the context, but never train on the inserted token.
+            traj.token_ids.append(self.eos_id)
+            traj.response_mask.append(0)
+            if traj.response_logprobs:
+                traj.response_logprobs.append(0.0)
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        traj.messages.append({"role": "assistant", "content": text})
+        return text
+
+    async def _append_env_message(self, traj: Trajectory, content: str) -> None:
+        previous = list(traj.messages)
+        traj.messages.append({"role": "user", "content": self._clip_env_text(content)})
+        merge, mask, logprobs = await self.ct_merge_context_msg(
+            previous,
+            traj.messages,
+            traj.token_ids,
+            traj.response_mask,
+            traj.response_logprobs if traj.response_logprobs else None,
+        )
+        traj.token_ids, traj.response_mask = merge.token_ids, mask
+        if logprobs is not None and traj.response_logprobs:
+            traj.response_logprobs = logprobs
+
+    def _clip_env_text(self, content: str) -> str:
+        """Environment messages longer than ``max_env_tokens`` keep their first tokens plus a marker."""
+        ids = self.tokenizer.encode(content, add_special_tokens=False)
+        if len(ids) <= self.max_env_tokens:
+            return content
+        marker_len = len(self.tokenizer.encode(TRUNCATION_MARKER, add_special_tokens=False))
+        return self.tokenizer.decode(ids[: self.max_env_tokens - marker_len]) + TRUNCATION_MARKER
+
+    # ---- service calls -----------------------------------------------------------------------------
+
+    async def _env_call(self, fn, *args):
+        return await self.loop.run_in_executor(None, lambda: fn(*args))
+
+    async def _release_quietly(self, instance_id: str) -> None:
+        try:
+            await self._env_call(self.env.release, instance_id)
+        except Exception as exc:  # the service reclaims idle episodes anyway
+            logger.warning("release of %s failed: %s", instance_id, exc)
+
+    # ---- outputs -------------------------------------------------------------------------------------
+
+    def _output(self, task_id: str, info: dict, traj: Trajectory, evaluation: dict, metrics: dict) -> AgentLoopOutput:
+        response_ids = traj.token_ids[traj.prompt_len :][: self.response_length]
+        fields = diagnosis_fields(task_id, info.get("category"), evaluation, traj.model_calls, traj.termination)
+        fields["seal_env_errors"] = traj.env_errors
+        if traj.response_len > self.response_length:
+            fields["seal_response_truncated"] = True
+        return AgentLoopOutput(
+            prompt_ids=traj.token_ids[: traj.prompt_len],
+            response_ids=response_ids,
+            response_mask=traj.response_mask[: self.response_length],
+            response_logprobs=traj.response_logprobs[: self.response_length] if traj.response_logprobs else None,
+            reward_score=float(evaluation["reward"]),
+            num_turns=traj.model_calls,
+            metrics=AgentLoopMetrics(**metrics),
+            extra_fields={**fields, "reward_extra_info": {"progress": float(evaluation.get("progress", 0.0))}},
+        )
+
+    def _failed_output(self, task_id: str, extra: dict, error: str, metrics: dict) -> AgentLoopOutput:
+        fields = diagnosis_fields(task_id, extra.get("category"), None, 0, "env_error")
+        fields.update(seal_failed=True, seal_error=error[:500])
+        return AgentLoopOutput(
+            prompt_ids=[self.eos_id],
+            response_ids=[self.eos_id],
+            response_mask=[0],  # nothing of a failed episode enters the loss
+            reward_score=0.0,
+            num_turns=0,
+            metrics=AgentLoopMetrics(**metrics),
+            extra_fields={**fields, "reward_extra_info": {"progress": 0.0}},
+        )
+
+
+def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None, calls: int, termination: str) -> dict:
+    """The per-trajectory diagnosis that flows into the batch (``non_tensor_batch['seal_*']``)."""
+    evaluation = evaluation or {}
+    return {
+        "seal_task_id": task_id,
+        "seal_category": category or evaluation.get("category") or task_id.rsplit("_", 1)[0],
+        "seal_tags": list(evaluation.get("tags", [])),
+        "seal_labels": list(evaluation.get("labels", [])),
+        "seal_progress": float(evaluation.get("progress", 0.0)),
+        "seal_model_calls": calls,
+        "seal_termination": termination,
+        "seal_env_errors": [],
+        "seal_failed": False,
+    }
+
+
+@contextlib.contextmanager
+def _timer(metrics: dict, key: str):
+    """Accumulate wall seconds under ``key`` (verl's AgentLoopMetrics fields)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
+
+
+def _to_container(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else dict(cfg)

@@ -1,0 +1,369 @@
+"""verl platform plugin for CPU-only machines (dev boxes, CI).
+
+verl 0.9.1 knows only CUDA/NPU/ROCm platforms. With this plugin the *unchanged* verl trainer
+(`RayPPOTrainer`, FSDP2 engine workers, agent-loop rollout) runs on CPU over gloo. It is inert
+unless ``VERL_PLATFORM=cpu``: :func:`activate` is called by :mod:`seal.verl_plugins` (a
+``verl.plugins`` entry point, loaded at the end of ``import verl`` in every process) only then,
+so GPU runs are unaffected.
+
+What activation does, and why:
+
+* registers ``PlatformCPU`` (:func:`platform_class`) as verl platform ``"cpu"`` (selected by ``VERL_PLATFORM=cpu``);
+  its ``device_module`` is a shim standing in for ``torch.cuda`` on top of ``torch.cpu``;
+* reports the Ray accelerator resource as ``"GPU"``: ``ResourcePoolManager`` hard-codes
+  ``use_gpu=True`` and counts only GPU/NPU node resources, so CPU runs start Ray with a fake
+  logical GPU (``ray_kwargs.ray_init.num_gpus``); Ray then sets ``CUDA_VISIBLE_DEVICES``, which the
+  CPU torch build ignores;
+* makes the FSDP engine resolvable on device ``cpu``: verl registers it for cuda/npu only, and
+  ``EngineRegistry.get_engine_cls`` honours ``VERL_ENGINE_DEVICE`` (its documented override),
+  so it is defaulted to ``cuda`` -- the FSDP engine itself then runs on whatever
+  ``get_device_name()`` says, i.e. ``cpu``;
+* wraps ``initialize_global_process_group_ray`` (and the non-Ray variant): by default they
+  build ``"cpu:gloo,{device}:{backend}"``, which on CPU becomes ``"cpu:gloo,cpu:gloo"`` and torch
+  rejects the duplicate device type; plain ``"gloo"`` is what we need.
+
+:data:`CPU_OVERRIDES` and :func:`cpu_runtime_env` are the Hydra overrides / Ray env a CPU
+launch needs (see :func:`cpu_overrides`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import types
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import torch
+
+# NOTE: no verl import at module level. verl's plugin loader imports this module (through
+# seal.verl_plugins) *during* `import verl`; if this module were imported first (launcher, tests)
+# and imported verl at the top, verl would re-enter it half-initialized. verl is imported lazily
+# in platform_class() / activate() instead.
+
+logger = logging.getLogger(__name__)
+
+PLATFORM_NAME = "cpu"
+
+
+def is_requested() -> bool:
+    """True when this process was asked to run verl on CPU."""
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
+
+
+# ---------------------------------------------------------------------------------------------
+# Device-module shim: verl calls `get_torch_device().<fn>()` where it would call torch.cuda.<fn>.
+# ---------------------------------------------------------------------------------------------
+
+
+def _zero(*_args, **_kwargs) -> int:
+    return 0
+
+
+def _noop(*_args, **_kwargs) -> None:
+    return None
+
+
+def _mem_get_info(*_args, **_kwargs) -> tuple[int, int]:
+    """(free, total) host memory, so memory logging code has real numbers."""
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+    except ImportError:
+        return 0, 0
+
+
+class _CpuDeviceProperties:
+    name = "cpu"
+
+    @property
+    def total_memory(self) -> int:
+        return _mem_get_info()[1]
+
+
+def _build_device_module() -> types.ModuleType:
+    """A module object that answers the torch.cuda API subset verl uses, backed by torch.cpu."""
+    mod = types.ModuleType("seal_cpu_device")
+    # torch.cpu already provides: is_available, current_device ('cpu'), device_count, set_device,
+    # synchronize, current_stream, stream, Stream, Event. Copy them over, then add the rest.
+    for name in ("is_available", "current_device", "device_count", "set_device", "synchronize", "current_stream", "stream", "Stream", "Event"):
+        setattr(mod, name, getattr(torch.cpu, name))
+    extras = {
+        "get_device_name": lambda *_a, **_k: "cpu",  # flops_counter does `"H100" in name`
+        "get_device_capability": lambda *_a, **_k: (None, None),
+        "get_device_properties": lambda *_a, **_k: _CpuDeviceProperties(),
+        "is_bf16_supported": lambda *_a, **_k: True,
+        "manual_seed": torch.manual_seed,
+        "manual_seed_all": torch.manual_seed,
+        "seed": torch.seed,
+        "initial_seed": torch.initial_seed,
+        "get_rng_state": lambda *_a, **_k: torch.get_rng_state(),
+        "set_rng_state": lambda state, *_a, **_k: torch.set_rng_state(state),
+        "mem_get_info": _mem_get_info,
+        "empty_cache": _noop,
+        "ipc_collect": _noop,
+        "reset_peak_memory_stats": _noop,
+        "reset_accumulated_memory_stats": _noop,
+        "set_per_process_memory_fraction": _noop,
+        "memory_allocated": _zero,
+        "memory_reserved": _zero,
+        "max_memory_allocated": _zero,
+        "max_memory_reserved": _zero,
+    }
+    for name, fn in extras.items():
+        setattr(mod, name, fn)
+    return mod
+
+
+CPU_DEVICE_MODULE = _build_device_module()
+
+
+# ---------------------------------------------------------------------------------------------
+# The platform
+# ---------------------------------------------------------------------------------------------
+
+
+class PlatformCPUMethods:
+    """The CPU implementation of verl's PlatformBase interface (see platform_class())."""
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> types.ModuleType:
+        return CPU_DEVICE_MODULE
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        # Never auto-detected: CPU is chosen explicitly with VERL_PLATFORM=cpu, so a GPU box (or a
+        # CPU-only Ray actor on a GPU cluster) keeps verl's own detection.
+        return False
+
+    def current_device(self) -> str:
+        # verl does `tensor.to(get_device_id())`; an int would mean cuda:<id>, "cpu" works.
+        return "cpu"
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: Any) -> None:
+        return None
+
+    def synchronize(self, device_index: Optional[int] = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None  # e.g. "expandable_segments:True" is a CUDA caching-allocator knob
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        # Ray sets CUDA_VISIBLE_DEVICES for the fake "GPU" resource; reading it is harmless.
+        return "CUDA_VISIBLE_DEVICES"
+
+    def ray_resource_name(self) -> str:
+        # See module docstring: verl's resource pools only count GPU/NPU resources.
+        return "GPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def cudart(self) -> Any:
+        return None
+
+
+_platform_cls: Optional[type] = None
+
+
+def platform_class() -> type:
+    """verl platform class ``PlatformCPU`` (a PlatformBase subclass), created on first use."""
+    global _platform_cls
+    if _platform_cls is None:
+        from verl.plugin.platform import PlatformBase
+
+        _platform_cls = type("PlatformCPU", (PlatformCPUMethods, PlatformBase), {"__module__": __name__})
+    return _platform_cls
+
+
+# ---------------------------------------------------------------------------------------------
+# Process-group backend fix
+# ---------------------------------------------------------------------------------------------
+
+# Modules that bind `initialize_global_process_group_ray` by name (`from ... import`); if one was
+# imported before activation, its binding is patched too.
+_PG_RAY_IMPORTERS = ("verl.workers.engine_workers", "verl.checkpoint_engine.base")
+
+
+def _gloo_backend_wrapper(original):
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        # Keep explicit backends (checkpoint_engine passes "cpu:gloo"); replace only the
+        # default "cpu:gloo,cpu:gloo", which torch rejects.
+        return original(timeout_second=timeout_second, backend=backend or "gloo")
+
+    initialize_global_process_group_ray.__seal_cpu_patched__ = True
+    return initialize_global_process_group_ray
+
+
+def _patch_process_group_init() -> None:
+    import verl.utils.distributed as dist_utils
+
+    current = dist_utils.initialize_global_process_group_ray
+    if getattr(current, "__seal_cpu_patched__", False):
+        return
+    patched = _gloo_backend_wrapper(current)
+    dist_utils.initialize_global_process_group_ray = patched
+    for name in _PG_RAY_IMPORTERS:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "initialize_global_process_group_ray", None) is current:
+            module.initialize_global_process_group_ray = patched
+    _patch_torchrun_process_group_init(dist_utils)
+
+
+def _patch_torchrun_process_group_init(dist_utils) -> None:
+    """Same duplicate-backend problem in the torchrun variant (SFT / model merger paths)."""
+    original = dist_utils.initialize_global_process_group
+
+    @functools.wraps(original)
+    def initialize_global_process_group(timeout_second=36000):
+        from datetime import timedelta
+
+        torch.distributed.init_process_group(
+            backend="gloo",
+            timeout=timedelta(seconds=timeout_second),
+            init_method=os.environ.get("DIST_INIT_METHOD", None),
+        )
+        return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    dist_utils.initialize_global_process_group = initialize_global_process_group
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation
+# ---------------------------------------------------------------------------------------------
+
+_activated = False
+
+
+def activate() -> None:
+    """Register the CPU platform and apply the CPU fixes in this process (idempotent)."""
+    global _activated
+    if _activated:
+        return
+    from verl.plugin.platform import PlatformRegistry
+
+    PlatformRegistry.register(platform=PLATFORM_NAME)(platform_class())
+    os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")  # FSDP engine lookup, see module docstring
+    _patch_process_group_init()
+    _activated = True
+
+
+# ---------------------------------------------------------------------------------------------
+# What a CPU launch needs (launcher, recipes, tests)
+# ---------------------------------------------------------------------------------------------
+
+# Env for every Ray worker. The trainer's workers inherit the driver's environment when the driver
+# starts the local Ray cluster, but an existing cluster (`ray start`) would not, so a launcher
+# passes these through `ray_kwargs.ray_init.runtime_env.env_vars` too (see cpu_overrides()).
+CPU_ENV = {
+    "VERL_PLATFORM": "cpu",
+    "VERL_ENGINE_DEVICE": "cuda",
+    # Belt and braces for the entry point: also imported by VERL_USE_EXTERNAL_MODULES, so the
+    # registrations happen even if the `seal` dist-info (entry points) is stale or missing.
+    "VERL_USE_EXTERNAL_MODULES": "seal.verl_plugins",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_AUTH_MODE": "disabled",  # Ray 2.60 token auth: only warnings on a local cluster
+    "HF_HUB_OFFLINE": "1",
+}
+
+# Hydra overrides (on top of verl's `ppo_trainer` config) that make the legacy trainer run on
+# CPU. Keys that are not in verl's schema use `++` (add, or override if a recipe already set them).
+CPU_OVERRIDES = [
+    # the legacy RayPPOTrainer (v1 needs TransferQueue) on device "cpu"
+    "trainer.use_v1=false",
+    "trainer.device=cpu",
+    "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=1",
+    # a fake logical GPU per trainer worker (see PlatformCPU.ray_resource_name); Ray's CPU count is
+    # logical too and must cover the placement bundles (3 CPUs per worker) plus the TaskRunner,
+    # agent-loop, reward and rollout-server actors
+    "++ray_kwargs.ray_init.num_gpus=1",
+    "ray_kwargs.ray_init.num_cpus=8",
+    "++ray_kwargs.ray_init.include_dashboard=false",
+    # model: sdpa attention (flash-attn is not installed), no torch.compile
+    "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+    # FSDP2 in fp32: FSDP1 needs GPU params for sync_module_states; bf16 is slow and lossy on CPU.
+    # (actor.strategy is copied into the engine config by FSDPActorConfig.__post_init__.)
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+    "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
+    "++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+    "++actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+    "actor_rollout_ref.actor.use_torch_compile=false",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
+    # rollout: our HF-generate backend, one replica per trainer worker, fp32, weights via naive sync
+    "actor_rollout_ref.rollout.name=hf",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.dtype=float32",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    # reward loop workers (each loads the tokenizer): one is plenty on 2 cores
+    "reward.num_workers=1",
+    # data loading in-process; no wandb
+    "data.dataloader_num_workers=0",
+    "trainer.logger=[console]",
+]
+
+
+def cpu_overrides(extra_env: dict[str, str] | None = None) -> list[str]:
+    """CPU_OVERRIDES plus the Ray runtime env (`cpu_runtime_env()`) as `+ray_kwargs...` overrides."""
+    env = cpu_runtime_env(extra_env)
+    env_overrides = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in env.items()]
+    return list(CPU_OVERRIDES) + env_overrides
+
+
+def cpu_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Env vars every Ray worker of a CPU run needs (also to export in the driver before `ray.init`)."""
+    env = dict(CPU_ENV)
+    env.update(extra_env or {})
+    return env

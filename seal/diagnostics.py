@@ -1,0 +1,225 @@
+"""Training-time diagnostics (SPEC B §6.4): per-category statistics, error strings seen in the
+environment's observations, per-epoch JSON dumps, and a plot of the dynamic tag weights.
+
+This collector never changes training; it only observes. It also forwards every trajectory to the
+`CapabilityState`, feeding it the vocabulary that drives A-Patch (progress tags by default, the
+paper's labels when ``apatch.vocabulary = paper_labels``), so the closed loop sees the same evidence
+that the scaling uses. Both vocabularies are counted here regardless, so a dump always shows both.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from typing import Any, Iterable, Mapping, Sequence
+
+from seal.apatch import VOCABULARIES, vocabulary_field
+from seal.capability_state import (
+    NO_CATEGORY,
+    CapabilityState,
+    CapabilityStats,
+    atomic_write_json,
+    clean_tags,
+)
+
+# Error strings counted in observation texts (SPEC B §6.4); a pattern with a group counts the group.
+ERROR_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"\[ERROR\][^\n]*"),
+    re.compile(r'"error"\s*:\s*"([^"]+)"'),
+    re.compile(r"Error from environment:[^\]]+"),
+    # BFCL's own execution errors: upstream's patterns missed them (like its feedback detector, SPEC B §2.9).
+    re.compile(r"Error during execution:[^\n]*"),
+)
+ERROR_KEY_CHARS = 200
+TOP_ERRORS = 20
+METRIC_WINDOW = "seal/window"
+METRIC_STATE = "seal/state"
+
+_BFCL_ID = re.compile(r"^multi_turn_(base|miss_func|miss_param|long_context)_\d+$")
+_TRAILING_INDEX = re.compile(r"_\d+$")
+
+
+def infer_category(task_id: str | None) -> str:
+    """Category from a task id when the trajectory does not say (SPEC B §6.5):
+    ``multi_turn_<cat>_<n>`` → ``multi_turn_<cat>``; otherwise the id without a trailing ``_<n>``."""
+    if not task_id:
+        return NO_CATEGORY
+    match = _BFCL_ID.match(task_id)
+    if match:
+        return f"multi_turn_{match.group(1)}"
+    return _TRAILING_INDEX.sub("", task_id) or NO_CATEGORY
+
+
+def find_errors(text: str) -> list[str]:
+    """Error strings in one observation text, each cut to 200 characters."""
+    found = []
+    for pattern in ERROR_PATTERNS:
+        for match in pattern.finditer(text):
+            value = match.group(1) if pattern.groups else match.group(0)
+            found.append(value[:ERROR_KEY_CHARS])
+    return found
+
+
+class DiagnosticStats:
+    def __init__(self, state: CapabilityState | None = None, vocabulary: str = "progress_tags"):
+        if vocabulary not in VOCABULARIES:
+            raise ValueError(f"vocabulary must be one of {list(VOCABULARIES)}, got {vocabulary!r}")
+        self.state = state if state is not None else CapabilityState()
+        self.vocabulary = vocabulary
+        self.total: dict[str, CapabilityStats] = {}
+        self.window: dict[str, CapabilityStats] = {}
+        # Per-occurrence stats of both vocabularies (window), independent of which one drives A-Patch.
+        self.window_items: dict[str, dict[str, CapabilityStats]] = {"tags": {}, "labels": {}}
+        self.errors: Counter[str] = Counter()
+        self.last_epoch: int | str | None = None
+        self.last_step: int | None = None
+        self.weight_history: list[tuple[int, dict[str, float]]] = []
+        self.failed_skipped = 0  # window count of failed episodes left out of the statistics
+
+    # ------------------------------------------------------------------ observation
+    def observe_batch(self, trajectories: Iterable[Mapping[str, Any]], epoch: int | str | None = None,
+                      global_step: int | None = None) -> None:
+        """Observe a training batch. A trajectory is a mapping with ``task_id``, ``category``
+        (optional: inferred from the id), ``reward``, optional ``success`` (default reward >= 1),
+        ``tags``, ``labels`` and ``env_texts`` (the environment's observation texts). Trajectories
+        marked ``failed`` are skipped (counted in ``failed_skipped``)."""
+        self.last_epoch = epoch
+        self.last_step = global_step
+        drive = vocabulary_field(self.vocabulary)
+        for traj in trajectories:
+            if traj.get("failed"):
+                # An episode that never completed (retries exhausted, SPEC A5.6) carries no verdict and
+                # no diagnosis; observing it as reward 0 / "unknown" would skew the closed loop.
+                self.failed_skipped += 1
+                continue
+            task_id = traj.get("task_id")
+            category = traj.get("category") or infer_category(task_id)
+            reward = float(traj.get("reward") or 0.0)
+            success = bool(traj.get("success", False)) or reward >= 1.0
+            for buckets in (self.total, self.window):
+                buckets.setdefault(category, CapabilityStats()).observe(reward, success)
+            for kind in ("tags", "labels"):
+                for item in clean_tags(traj.get(kind)):
+                    self.window_items[kind].setdefault(item, CapabilityStats()).observe(reward, success)
+            self.state.observe(category, task_id, reward, success, traj.get(drive), epoch, global_step)
+            for text in traj.get("env_texts") or ():
+                self.errors.update(find_errors(str(text)))
+
+    def record_weights(self, global_step: int, weights: Mapping[str, float]) -> None:
+        """Remember the weights A-Patch used at a step (for `plot_tag_weights`)."""
+        self.weight_history.append((int(global_step), {str(k): float(v) for k, v in weights.items()}))
+
+    # ------------------------------------------------------------------ read-outs
+    def metrics(self) -> dict[str, float]:
+        """Window per-category metrics and capability-state metrics. Called right after
+        `observe_batch`, the dynamic weights shown are the ones from the previous step's update."""
+        out: dict[str, float] = {}
+        for category, stats in sorted(self.window.items()):
+            base = f"{METRIC_WINDOW}/{category}"
+            out[f"{base}/count"] = float(stats.count)
+            out[f"{base}/success_rate"] = stats.success_rate
+            out[f"{base}/reward_mean"] = stats.reward_mean
+            out[f"{base}/partial_count"] = float(stats.partial_count)
+        s = self.state
+        out[f"{METRIC_STATE}/observe_count"] = float(s.observe_count)
+        out[f"{METRIC_STATE}/num_tasks"] = float(len(s.tasks))
+        out[f"{METRIC_STATE}/num_tags"] = float(len(s.total["tags"]))
+        out[f"{METRIC_STATE}/num_category_tags"] = float(len(s.total["category_tags"]))
+        for tag, weight in sorted(s.dynamic_tag_weights.items()):
+            out[f"{METRIC_STATE}/dynamic_tag_weight/{tag}"] = float(weight)
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """Window snapshot (what `dump` writes)."""
+        cap = self.state.snapshot(window=True)
+        return {
+            "epoch": self.last_epoch,
+            "global_step": self.last_step,
+            "vocabulary": self.vocabulary,
+            "categories": {c: s.snapshot() for c, s in sorted(self.window.items())},
+            "tags": cap["tags"],
+            "category_tags": cap["category_tags"],
+            "turn_positions": cap["turn_positions"],
+            "tasks": cap["tasks"],
+            "dynamic_tag_weights": cap["dynamic_tag_weights"],
+            "top_errors": [[e, n] for e, n in self.errors.most_common(TOP_ERRORS)],
+            "labels": {k: s.snapshot() for k, s in sorted(self.window_items["labels"].items())},
+            "progress_tags": {k: s.snapshot() for k, s in sorted(self.window_items["tags"].items())},
+            "failed_episodes": self.failed_skipped,
+        }
+
+    def dump(self, directory: str, epoch: int, global_step: int) -> str:
+        """Write ``<directory>/epoch_<epoch>.json`` (atomically) and return its path."""
+        snap = self.snapshot()
+        snap["epoch"] = epoch
+        snap["global_step"] = global_step
+        path = os.path.join(directory, f"epoch_{epoch}.json")
+        atomic_write_json(path, snap)
+        return path
+
+    def failure_profile(self, per_category: bool = False) -> dict[str, Any]:
+        """The capability state's failure profile (input of the environment's capability cues)."""
+        return self.state.failure_profile(per_category)
+
+    def finalize_epoch(self, directory: str, epoch: int, global_step: int) -> str:
+        """Epoch end in upstream's order (SPEC B §1.6 step 18): dump the window snapshot, reset
+        the windows, then save the capability state (if it has a path), so the saved windows are
+        empty. Returns the dump's path."""
+        path = self.dump(directory, epoch, global_step)
+        self.reset_window()
+        if self.state.path:
+            self.state.save()
+        return path
+
+    def reset_window(self) -> None:
+        """Epoch end: clear every window, the capability state's included."""
+        self.window = {}
+        self.window_items = {"tags": {}, "labels": {}}
+        self.errors = Counter()
+        self.failed_skipped = 0
+        self.state.reset_window()
+
+
+def plot_tag_weights(history: Sequence[Any] | Mapping[int, Mapping[str, float]], path: str,
+                     title: str = "A-Patch dynamic tag weights") -> str:
+    """PNG of each tag's weight over training steps. ``history`` is any of [(step, {tag: weight})],
+    {step: {tag: weight}} or [{"step": step, tag: weight, ...}]. Uses the Agg canvas directly, so no
+    global matplotlib backend is changed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    items = sorted(_history_items(history), key=lambda kv: kv[0])
+    tags = sorted({t for _, weights in items for t in weights})
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for tag in tags:
+        points = [(step, w[tag]) for step, w in items if tag in w]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=tag)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
+    ax.set_xlabel("global step")
+    ax.set_ylabel("weight")
+    ax.set_title(title)
+    if tags:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _history_items(history: Any) -> list[tuple[int, dict[str, float]]]:
+    if isinstance(history, Mapping):
+        return [(int(k), dict(v)) for k, v in history.items()]
+    items = []
+    for entry in history:
+        if isinstance(entry, Mapping):
+            weights = {k: v for k, v in entry.items() if k != "step"}
+            items.append((int(entry["step"]), weights))
+        else:
+            step, weights = entry
+            items.append((int(step), dict(weights)))
+    return items

@@ -1,0 +1,238 @@
+"""Compose a recipe, check it, start (or connect to) the environment service, and train.
+
+    python launcher.py --conf exp/SEAL.yaml [hydra overrides ...] [--dry-run]
+
+A recipe in ``exp/`` is a Hydra config whose defaults are verl's ``ppo_trainer`` and ``seal_defaults``; the
+search path for both is supplied here, so recipes can include one another (``defaults: [SEAL, _self_]``).
+Preflight turns the usual first-run failures (no GPU, a missing model or data file, an unreachable service,
+lengths that cannot fit) into one clear message before Ray and verl start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config,pkg://seal.config]"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class PreflightError(ValueError):
+    """A configuration that cannot run, with what to change."""
+
+
+def compose_recipe(conf: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    path = Path(conf)
+    if not path.is_file():
+        raise PreflightError(f"recipe {conf!r} not found (recipes live in exp/, e.g. exp/SEAL.yaml)")
+    with initialize_config_dir(config_dir=str(path.resolve().parent), version_base=None):
+        return compose(config_name=path.stem, overrides=[SEARCHPATH, *overrides])
+
+
+# ---- preflight ------------------------------------------------------------------------------------
+
+
+def preflight(config: DictConfig) -> list[str]:
+    """Raise ``PreflightError`` listing every problem found; return warnings."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    _check_device(config, problems)
+    _check_model(config, problems, warnings)
+    _check_data(config, problems)
+    _check_lengths(config, problems)
+    _check_batching(config, problems)
+    if problems:
+        raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
+    return warnings
+
+
+def _check_device(config, problems):
+    if config.trainer.device != "cuda":
+        return
+    try:
+        import torch
+
+        available = torch.cuda.device_count()
+    except Exception:
+        available = 0
+    wanted = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    if available < int(config.trainer.n_gpus_per_node):
+        problems.append(
+            f"this recipe trains on {wanted} GPU(s) (trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}) but "
+            f"{available} CUDA device(s) are visible; on a CPU machine run exp/cpu_tiny.yaml"
+        )
+
+
+def _check_model(config, problems, warnings):
+    model = str(config.actor_rollout_ref.model.path)
+    if os.path.isdir(model):
+        if not (Path(model) / "config.json").exists():
+            problems.append(f"model.path {model!r} is a directory without config.json (not a Hugging Face model)")
+        return
+    if model.startswith((".", "/")) or os.sep in model.strip("/").split("/", 1)[-1]:
+        problems.append(f"model.path {model!r} does not exist")
+        return
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        problems.append(f"model.path {model!r} is a hub id but HF_HUB_OFFLINE=1; point it at a local checkpoint")
+    else:
+        warnings.append(f"model.path {model!r} is a hub id: it will be downloaded (or read from the HF cache)")
+
+
+def _check_data(config, problems):
+    for key in ("train_files", "val_files"):
+        files = config.data[key]
+        for f in [files] if isinstance(files, str) else list(files):
+            if not Path(f).exists():
+                problems.append(f"data.{key}: {f!r} not found (run `python scripts/make_split.py` to regenerate)")
+
+
+def _check_lengths(config, problems):
+    rollout = config.actor_rollout_ref.rollout
+    prompt, response = int(rollout.prompt_length), int(rollout.response_length)
+    max_model_len = rollout.max_model_len
+    if max_model_len is not None and prompt + response > int(max_model_len):
+        problems.append(
+            f"rollout.prompt_length ({prompt}) + response_length ({response}) exceeds max_model_len ({max_model_len})"
+        )
+    env_tokens = int(config.seal.rollout.max_env_tokens)
+    if max_model_len is not None and env_tokens + response > int(max_model_len):
+        problems.append(
+            f"seal.rollout.max_env_tokens ({env_tokens}) + response_length ({response}) exceeds max_model_len "
+            f"({max_model_len}): one environment message and one reply must fit in the context"
+        )
+    if int(config.seal.rollout.max_model_calls) < 1:
+        problems.append("seal.rollout.max_model_calls must be >= 1")
+
+
+def _check_batching(config, problems):
+    n = int(config.actor_rollout_ref.rollout.n)
+    batch = int(config.data.train_batch_size)
+    workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
+    mini = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    if (batch * n) % workers:
+        problems.append(
+            f"data.train_batch_size x rollout.n = {batch * n} must be divisible by rollout.agent.num_workers ({workers})"
+        )
+    if batch % mini:
+        problems.append(f"data.train_batch_size ({batch}) must be divisible by actor.ppo_mini_batch_size ({mini})")
+    if config.algorithm.adv_estimator == "grpo" and n < 2:
+        problems.append("GRPO needs rollout.n >= 2 (advantages are relative within a group)")
+
+
+# ---- environment service --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def environment_service(config: DictConfig):
+    """Use ``env_service.url`` if set (it must answer /health); else start a local service for the run."""
+    from env_service.client import EnvClient
+
+    env = config.env_service
+    if env.url:
+        try:
+            EnvClient(env.url, timeout_s=5, retries=1).health()
+        except Exception as exc:
+            raise PreflightError(f"env_service.url {env.url!r} is not reachable: {exc}") from exc
+        yield env.url
+        return
+    url = f"http://{env.host}:{env.port}"
+    log_path = Path(config.seal.diagnosis.dump_dir).parent / "env_service.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "env_service", "serve", "--host", str(env.host), "--port", str(env.port)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+        )
+        try:
+            _wait_healthy(url, proc)
+            print(f"[seal] environment service up at {url} (pid {proc.pid}, log {log_path})")
+            yield url
+        finally:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    from env_service.client import EnvClient
+
+    client = EnvClient(url, timeout_s=2, retries=0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PreflightError(f"the environment service exited with code {proc.returncode} (is port {url} in use?)")
+        with contextlib.suppress(Exception):
+            client.health()
+            return
+        time.sleep(0.3)
+    raise PreflightError(f"the environment service did not become healthy at {url} within {timeout_s:.0f}s")
+
+
+# ---- run ------------------------------------------------------------------------------------------
+
+
+def prepare(config: DictConfig) -> DictConfig:
+    """Materialise what the recipe needs before the run (the offline tiny model for CPU recipes)."""
+    tiny = config.seal.get("tiny_model")
+    if tiny and tiny.get("build"):
+        from seal.tiny_model import build_tiny_model
+
+        build_tiny_model(tiny.out_dir, seed=int(tiny.seed))
+    return config
+
+
+def train(config: DictConfig) -> None:
+    import ray
+    from verl.trainer.main_ppo import run_ppo
+
+    from seal.trainer import make_task_runner
+    from seal.verl_plugins import ray_runtime_env
+
+    OmegaConf.set_struct(config, False)
+    runtime_env = ray_runtime_env(config)
+    config.ray_kwargs.ray_init.runtime_env = OmegaConf.merge(config.ray_kwargs.ray_init.get("runtime_env") or {}, runtime_env)
+    try:
+        run_ppo(config, task_runner_class=make_task_runner())
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conf", required=True, help="recipe YAML, e.g. exp/SEAL.yaml")
+    parser.add_argument("--dry-run", action="store_true", help="compose, check and print the config; do not train")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_epochs=1")
+    args = parser.parse_args(argv)
+    try:
+        config = compose_recipe(args.conf, args.overrides)
+        for warning in preflight(config):
+            print(f"[seal] warning: {warning}")
+        if args.dry_run:
+            print(OmegaConf.to_yaml(config, resolve=True))
+            return 0
+        config = prepare(config)
+        with environment_service(config) as url:
+            OmegaConf.set_struct(config, False)
+            config.env_service.url = url
+            train(config)
+    except PreflightError as exc:
+        print(f"[seal] error: {exc}", file=sys.stderr)
+        return 2
+    except (HydraException, OmegaConfBaseException) as exc:  # a bad override or key: say which, not a traceback
+        print(f"[seal] error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    return 0

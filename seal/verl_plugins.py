@@ -1,0 +1,61 @@
+"""Registrations seal makes inside every verl process.
+
+Loaded by verl itself at the end of ``import verl``: this module is the ``seal`` entry point in
+the ``verl.plugins`` group (pyproject.toml), which ``verl/__init__.py`` loads unless
+``VERL_USE_EXTERNAL_PLUGINS=none``. Because Ray workers (TaskRunner, trainer workers, agent-loop
+and reward workers, rollout servers) all import verl, the registrations reach every process
+without per-actor setup. ``VERL_USE_EXTERNAL_MODULES=seal.verl_plugins`` (set by
+``seal.cpu_platform.cpu_runtime_env``) imports this module again by name as a fallback; every
+registration is idempotent.
+
+verl swallows exceptions raised by plugin entry points (logged at DEBUG), so each registration
+here logs its own failure as a warning instead of disappearing silently.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+HF_ROLLOUT_ADAPTER = "seal.hf_rollout.HFRolloutAdapter"
+
+
+def _load_hf_replica():
+    # Imported only when the trainer asks for rollout.name=hf (keeps `import verl` cheap).
+    from seal.hf_rollout import HFRolloutReplica
+
+    return HFRolloutReplica
+
+
+def register_hf_rollout() -> None:
+    """Make `actor_rollout_ref.rollout.name=hf` resolvable on both sides.
+
+    verl has no plugin API for rollout backends; both registries are module-level dicts that
+    `get_rollout_class` (worker side) and `get_rollout_replica_class` (driver side) read.
+    """
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    _ROLLOUT_REGISTRY[("hf", "async")] = HF_ROLLOUT_ADAPTER
+    RolloutReplicaRegistry.register("hf", _load_hf_replica)
+
+
+def register_cpu_platform() -> None:
+    """CPU platform + fixes, only when this process runs verl with VERL_PLATFORM=cpu."""
+    from seal import cpu_platform
+
+    if cpu_platform.is_requested():
+        cpu_platform.activate()
+
+
+def register_all() -> None:
+    # The platform goes first: nothing may resolve verl's platform singleton before it exists.
+    for step in (register_cpu_platform, register_hf_rollout):
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - verl would hide it; make it visible, keep verl usable
+            logger.warning("seal.verl_plugins: %s failed", step.__name__, exc_info=True)
+
+
+register_all()
