@@ -157,7 +157,7 @@ def cmd_score(args) -> int:
 
 def cmd_replay(args) -> int:
     from env_service import replay
-    from env_service.client import EnvServiceError, make_client
+    from env_service.client import EnvClient, EnvServiceError, make_client
 
     from env_service.config import EnvConfig
 
@@ -169,8 +169,9 @@ def cmd_replay(args) -> int:
         raise CliError(f"--config: {error}") from None
     try:
         client = make_client(args.url)
-        if args.url:
-            client.health()  # fail fast with one clear line when the service is not there
+        if args.url:  # fail fast, with one clear line, when the service is not there
+            with EnvClient(args.url, timeout_s=10, retries=1, backoff_s=0.2) as probe:
+                probe.health()
     except (ValueError, EnvServiceError) as error:
         raise CliError(f"--url: {error}") from None
     with client:

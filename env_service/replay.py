@@ -9,6 +9,7 @@ the tasks listed in :data:`UNSOLVABLE_WITH_ENFORCED_TOOLS`.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -143,6 +144,14 @@ class ReplayResult:
         return asdict(self)
 
 
+@functools.lru_cache(maxsize=4096)
+def _cached_gt_messages(task_id: str, prompt_mode: str) -> tuple[str, ...]:
+    # load_task deep-copies the task (~1-2 ms); the driver should cost nothing next to the service.
+    from env_service import tasks as tasks_mod
+
+    return tuple(ground_truth_messages(tasks_mod.load_task(task_id), prompt_mode))
+
+
 def replay_task(client, task_id: str, mode: str = "validate", params: dict | None = None) -> ReplayResult:
     """Create, replay every GT message, evaluate and release one episode (release also on errors).
 
@@ -157,8 +166,7 @@ def replay_task(client, task_id: str, mode: str = "validate", params: dict | Non
     result = ReplayResult(task_id, category, expected_failure=task_id in expected_failures(params))
     instance_id = None
     try:
-        prompt_mode = EnvConfig.from_dict(params).tool_prompt_mode
-        messages = ground_truth_messages(tasks_mod.load_task(task_id), prompt_mode)
+        messages = _cached_gt_messages(task_id, EnvConfig.from_dict(params).tool_prompt_mode)
         instance_id = client.create(task_id, mode, params)["instance_id"]
         for text in messages:
             step = client.step(instance_id, text)

@@ -216,6 +216,8 @@ def create_app(manager: EpisodeManager | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.limiter = anyio.CapacityLimiter(WORKER_THREADS)
+        # Before the first request: a cold task table hit by many concurrent creates is built once.
+        await anyio.to_thread.run_sync(manager.warm_up)
         reclaimer = asyncio.create_task(_reclaim_loop(manager, app.state.limiter))
         try:
             yield

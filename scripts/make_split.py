@@ -49,7 +49,11 @@ from env_service.tasks import (  # noqa: E402
 SPLIT_FILE = "split.json"
 TRAIN_FILE = "bfcl_train.parquet"
 HELDOUT_FILE = "bfcl_heldout.parquet"
-OUTPUT_FILES = (SPLIT_FILE, TRAIN_FILE, HELDOUT_FILE)
+# The embedded CPU recipe (exp/cpu_tiny.yaml) trains on the 2 train tasks with the shortest tool schemas and
+# validates on the shortest held-out task of each category: the smallest prompts keep a 2-core run short.
+TINY_TRAIN_FILE = "cpu_tiny_train.parquet"
+TINY_HELDOUT_FILE = "cpu_tiny_heldout.parquet"
+OUTPUT_FILES = (SPLIT_FILE, TRAIN_FILE, HELDOUT_FILE, TINY_TRAIN_FILE, TINY_HELDOUT_FILE)
 
 ABILITY = "multi_turn_function_calling"
 AGENT_NAME = "seal_bfcl"
@@ -105,6 +109,23 @@ def write_parquet(path: Path, ids: list[str], seed: int = SPLIT_SEED) -> None:
     pq.write_table(table, path, compression="zstd", compression_level=3)
 
 
+def schema_size(task_id: str) -> tuple[int, int]:
+    task = load_task(task_id)
+    return len(json.dumps(task.functions)), task.index
+
+
+def tiny_ids(split: str, per_category: int | None, total: int | None, seed: int = SPLIT_SEED) -> list[str]:
+    """The tasks of ``split`` with the shortest tool schemas: ``per_category`` of each, or ``total`` overall."""
+    ids = task_ids(split, seed)
+    if total is not None:
+        return sorted(sorted(ids, key=schema_size)[:total], key=ids.index)
+    chosen = []
+    for category in CATEGORIES:
+        of_category = [t for t in ids if load_task(t).category == category]
+        chosen += sorted(of_category, key=schema_size)[:per_category]
+    return chosen
+
+
 def split_document(seed: int = SPLIT_SEED) -> dict:
     return {
         "seed": seed,
@@ -134,6 +155,8 @@ def generate(out_dir: Path, seed: int = SPLIT_SEED) -> list[Path]:
     (out_dir / SPLIT_FILE).write_text(dump_split_document(split_document(seed)), encoding="utf-8")
     write_parquet(out_dir / TRAIN_FILE, task_ids("train", seed), seed)
     write_parquet(out_dir / HELDOUT_FILE, task_ids("heldout", seed), seed)
+    write_parquet(out_dir / TINY_TRAIN_FILE, tiny_ids("train", None, 2, seed), seed)
+    write_parquet(out_dir / TINY_HELDOUT_FILE, tiny_ids("heldout", 1, None, seed), seed)
     return [out_dir / name for name in OUTPUT_FILES]
 
 

@@ -1,4 +1,5 @@
-"""The BFCL multi-turn agent loop, registered in verl's agent-loop registry as ``seal_bfcl``.
+"""The BFCL multi-turn agent loop, registered in verl's agent-loop registry as ``seal_bfcl``
+(``seal/config/agent_loops.yaml``, which the launcher passes as ``rollout.agent.agent_loop_config_path``).
 
 One trajectory = one episode on the environment service:
 
@@ -26,13 +27,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from env_service.client import EnvServiceError, make_client
 
 logger = logging.getLogger(__name__)
 
-AGENT_NAME = "seal_bfcl"
 TRUNCATION_MARKER = "\n... truncate ..."
 ERROR_MARKERS = ("[ERROR]", "Error during execution")
 ERROR_TEXT_CHARS = 2000
@@ -47,7 +47,8 @@ def env_client(url: str, timeout_s: float, retries: int):
     """One HTTP client per worker process and URL: keeps the connection pool warm across trajectories."""
     key = (url, timeout_s, retries)
     if key not in _CLIENTS:
-        _CLIENTS[key] = make_client(url, timeout_s=timeout_s, retries=retries)
+        over_http = str(url).startswith(("http://", "https://"))
+        _CLIENTS[key] = make_client(url, timeout_s=timeout_s, retries=retries) if over_http else make_client(url)
     return _CLIENTS[key]
 
 
@@ -69,7 +70,6 @@ class Trajectory:
         return len(self.token_ids) - self.prompt_len
 
 
-@register(AGENT_NAME)
 class BfclAgentLoop(AgentLoopBase):
     """Runs one BFCL episode against the environment service and returns it as a verl ``AgentLoopOutput``."""
 
@@ -83,6 +83,8 @@ class BfclAgentLoop(AgentLoopBase):
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.max_model_len = int(self.rollout_config.max_model_len or self.prompt_length + self.response_length)
+        # upstream caps every call at the whole response budget; a smaller cap leaves room for later turns
+        self.max_tokens_per_call = int(seal_cfg.rollout.max_tokens_per_call or self.response_length)
         self.env_params = _to_container(env_cfg.bfcl)
         self.reward_params = _to_container(seal_cfg.reward)
         self.env = env_client(env_cfg.url, float(env_cfg.timeout_s), int(env_cfg.retries))
@@ -149,7 +151,7 @@ class BfclAgentLoop(AgentLoopBase):
             await self._append_env_message(traj, content)
 
     async def _generate(self, traj: Trajectory, sampling_params: dict, metrics: dict) -> str:
-        params = {**sampling_params, "max_tokens": self.response_length}
+        params = {**sampling_params, "max_tokens": self.max_tokens_per_call}
         with _timer(metrics, "generate_sequences"):
             output = await self.server_manager.generate(
                 request_id=uuid.uuid4().hex, prompt_ids=traj.token_ids, sampling_params=params

@@ -210,12 +210,16 @@ class HFRolloutServer:
         stop_ids = set(_as_id_list(params.get("stop_token_ids")))
         if not ignore_eos:
             stop_ids |= set(self.eos_ids)
+        # Greedy leaves the sampling knobs unset (HF warns about them otherwise; they are unused).
+        sampling = {} if greedy else {
+            "temperature": temperature,
+            "top_k": top_k if top_k > 0 else 0,  # HF: 0 disables top-k (unset would mean 50)
+            "top_p": float(params.get("top_p", 1.0)),
+            "min_p": float(params["min_p"]) if params.get("min_p") else None,
+        }
         return GenerationConfig(
             do_sample=not greedy,
-            temperature=1.0 if greedy else temperature,
-            top_k=top_k if (top_k > 0 and not greedy) else 0,  # HF: 0 disables top-k
-            top_p=1.0 if greedy else float(params.get("top_p", 1.0)),
-            min_p=None if greedy or not params.get("min_p") else float(params["min_p"]),
+            **sampling,
             repetition_penalty=float(params.get("repetition_penalty", self.config.repetition_penalty)),
             max_new_tokens=max_tokens,
             min_new_tokens=0,

@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config,pkg://seal.config]"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+AGENT_LOOPS_YAML = Path(__file__).resolve().parent / "config" / "agent_loops.yaml"
 
 
 class PreflightError(ValueError):
@@ -185,12 +186,16 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> 
 
 
 def prepare(config: DictConfig) -> DictConfig:
-    """Materialise what the recipe needs before the run (the offline tiny model for CPU recipes)."""
+    """Materialise what the recipe needs: the offline tiny model (CPU recipe) and the agent-loop registration."""
     tiny = config.seal.get("tiny_model")
     if tiny and tiny.get("build"):
         from seal.tiny_model import build_tiny_model
 
         build_tiny_model(tiny.out_dir, seed=int(tiny.seed))
+    agent = config.actor_rollout_ref.rollout.agent
+    if not agent.agent_loop_config_path:
+        # verl's AgentLoopWorker reads this list and registers `seal_bfcl` in every agent-loop process.
+        agent.agent_loop_config_path = str(AGENT_LOOPS_YAML)
     return config
 
 
@@ -198,12 +203,17 @@ def train(config: DictConfig) -> None:
     import ray
     from verl.trainer.main_ppo import run_ppo
 
+    from seal.cpu_platform import cpu_runtime_env
     from seal.trainer import make_task_runner
-    from seal.verl_plugins import ray_runtime_env
 
-    OmegaConf.set_struct(config, False)
-    runtime_env = ray_runtime_env(config)
-    config.ray_kwargs.ray_init.runtime_env = OmegaConf.merge(config.ray_kwargs.ray_init.get("runtime_env") or {}, runtime_env)
+    if config.trainer.device == "cpu":
+        # The driver starts the local Ray cluster, whose workers inherit this environment; a cluster started
+        # elsewhere (`ray start`) gets the same variables through the runtime env.
+        env_vars = cpu_runtime_env()
+        os.environ.update(env_vars)
+        OmegaConf.set_struct(config, False)
+        runtime_env = config.ray_kwargs.ray_init.get("runtime_env") or {}
+        config.ray_kwargs.ray_init.runtime_env = OmegaConf.merge(runtime_env, {"env_vars": env_vars})
     try:
         run_ppo(config, task_runner_class=make_task_runner())
     finally:
@@ -218,13 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_epochs=1")
     args = parser.parse_args(argv)
     try:
-        config = compose_recipe(args.conf, args.overrides)
+        config = prepare(compose_recipe(args.conf, args.overrides))
         for warning in preflight(config):
             print(f"[seal] warning: {warning}")
         if args.dry_run:
             print(OmegaConf.to_yaml(config, resolve=True))
             return 0
-        config = prepare(config)
         with environment_service(config) as url:
             OmegaConf.set_struct(config, False)
             config.env_service.url = url

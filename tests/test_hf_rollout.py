@@ -59,11 +59,14 @@ def _greedy_reference(model, prompt_ids, max_new_tokens, eos_ids=(151643, 151645
     return out[0, len(prompt_ids) :].tolist()
 
 
-def _forward_logprobs(model, prompt_ids, token_ids, temperature=1.0):
-    """log p(token_t | prefix) from one teacher-forced forward pass."""
+def _forward_logprobs(model, prompt_ids, token_ids, temperature=1.0, top_k=-1):
+    """log p(token_t | prefix) from one teacher-forced forward pass (top-k: renormalized over the k best)."""
     ids = torch.tensor([prompt_ids + token_ids])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    if top_k > 0:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0]
 
 
@@ -73,12 +76,13 @@ def test_greedy_matches_hf_generate(server, reference, prompt_ids):
     assert out.stop_reason == "completed" and out.log_probs is None
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_logprobs_equal_forward_pass(server, reference, prompt_ids, temperature):
-    params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 8, "seed": 3}
+@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, -1), (0.7, -1), (1.0, 50)])
+def test_sampled_logprobs_equal_forward_pass(server, reference, prompt_ids, temperature, top_k):
+    # processed_logprobs (verl's default): the distribution the token was drawn from
+    params = {"temperature": temperature, "top_p": 1.0, "top_k": top_k, "logprobs": True, "max_tokens": 8, "seed": 3}
     out = server.generate_tokens(prompt_ids, params)
     assert len(out.token_ids) == len(out.log_probs) == 8
-    expected = _forward_logprobs(reference, prompt_ids, out.token_ids, temperature)
+    expected = _forward_logprobs(reference, prompt_ids, out.token_ids, temperature, top_k)
     torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=1e-4)
 
 

@@ -1,0 +1,234 @@
+"""The seal_bfcl agent loop on real CPU rollouts: token ids, loss masks, limits, diagnosis fields, failures.
+
+The loop runs in-process against the real tiny model (``HFRolloutServer``, HF generate) and the real environment
+(in-process client over the real episode manager); only verl's Ray plumbing around it is left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+
+from env_service.client import EnvServiceError  # noqa: E402
+from seal.agent_loop import BfclAgentLoop, TRUNCATION_MARKER  # noqa: E402
+from seal.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
+from seal.launch import compose_recipe  # noqa: E402
+from seal.tiny_model import build_tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
+TASK = "multi_turn_miss_func_121"  # a short-schema train task (see scripts/make_split.py)
+
+
+class RecordingServer:
+    """verl's server-manager interface over the real HF server, remembering every raw generation."""
+
+    def __init__(self, server: HFRolloutServer):
+        self.server = server
+        self.generations: list[list[int]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        out = await self.server.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, request_id=request_id)
+        self.generations.append(list(out.token_ids))
+        return out
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    return build_tiny_model(TINY_DIR)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def make_config(**overrides):
+    cfg = compose_recipe(
+        str(REPO / "exp" / "cpu_tiny.yaml"),
+        [
+            "env_service.url=inprocess",
+            "actor_rollout_ref.rollout.response_length=256",
+            "seal.rollout.max_tokens_per_call=24",
+            "actor_rollout_ref.rollout.max_model_len=4352",
+            "seal.rollout.max_env_tokens=256",
+            *[f"{k}={v}" for k, v in overrides.items()],
+        ],
+    )
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def make_loop(config, tokenizer, server) -> BfclAgentLoop:
+    return BfclAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        hf_model_type="qwen2",
+    )
+
+
+def run_episode(config, tokenizer, server, split="train", temperature=1.0, task=TASK, prepare=None):
+    """Build the loop inside the event loop that runs it (verl's AgentLoopBase binds to the running loop)."""
+    params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    extra = {"task_id": task, "split": split, "category": task.split("_", 2)[2].rsplit("_", 1)[0]}
+
+    async def go():
+        loop = make_loop(config, tokenizer, server)
+        if prepare:
+            prepare(loop)
+        return await loop.run(params, extra_info=extra, raw_prompt=[])
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_dir, tokenizer):
+    config = make_config()
+    server = RecordingServer(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=256)))
+    output = run_episode(config, tokenizer, server)
+    return config, server, output
+
+
+def masked_segments(ids, mask, value):
+    segments, current = [], []
+    for token, m in zip(ids, mask):
+        if m == value:
+            current.append(token)
+        elif current:
+            segments.append(current)
+            current = []
+    if current:
+        segments.append(current)
+    return segments
+
+
+def test_trained_tokens_are_exactly_the_model_generations(rollout, tokenizer):
+    config, server, out = rollout
+    trained = [t for t, m in zip(out.response_ids, out.response_mask) if m == 1]
+    generated = [t for g in server.generations for t in g]
+    # the response is cut at response_length, so the trained tokens are a prefix of everything generated
+    assert trained == generated[: len(trained)]
+    assert len(trained) > 0
+    assert tokenizer.decode(trained) == tokenizer.decode(generated[: len(trained)])
+
+
+def test_environment_and_template_tokens_are_never_trained(rollout, tokenizer):
+    _, server, out = rollout
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    first_generation = server.generations[0]
+    assert first_generation[-1] != eos  # the random tiny model is cut by the length limit ...
+    position = len(first_generation)
+    # ... so the loop closed that turn with an inserted <|im_end|> that carries mask 0
+    assert out.response_ids[position] == eos and out.response_mask[position] == 0
+    for segment in masked_segments(out.response_ids, out.response_mask, 0):
+        text = tokenizer.decode(segment)
+        # every untrained stretch is chat-template framing and/or an environment message, never model text
+        assert text.startswith("<|im_end|>") or text.startswith("\n<|im_start|>user") or text.startswith("<|im_start|>user")
+
+
+def test_environment_messages_appear_as_user_turns(rollout, tokenizer):
+    _, server, out = rollout
+    untrained = tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    # the tiny model emits no tool calls, so the environment answers with the next user question
+    assert "<|im_start|>user\n" in untrained
+    assert "<|im_start|>assistant\n" in untrained
+
+
+def test_output_carries_reward_and_diagnosis(rollout):
+    config, server, out = rollout
+    fields = out.extra_fields
+    assert out.reward_score == 0.0  # a random model does not solve a BFCL task
+    assert fields["seal_task_id"] == TASK and fields["seal_category"] == "miss_func"
+    assert fields["seal_failed"] is False
+    assert len(fields["seal_tags"]) == len(fields["seal_labels"]) > 0
+    assert fields["seal_model_calls"] == len(server.generations) == out.num_turns
+    assert fields["seal_termination"] in {"completed", "context_budget", "max_model_calls"}
+    assert "progress" in fields["reward_extra_info"]
+    assert len(out.response_ids) <= config.actor_rollout_ref.rollout.response_length
+
+
+def test_model_call_limit_is_enforced(tiny_dir, tokenizer):
+    config = make_config(**{"seal.rollout.max_model_calls": 1})
+    server = RecordingServer(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=256)))
+    out = run_episode(config, tokenizer, server)
+    assert len(server.generations) == 1
+    assert out.extra_fields["seal_termination"] == "max_model_calls"
+
+
+def test_context_budget_stops_the_episode(tiny_dir, tokenizer, rollout):
+    """Before each call the context must stay below max_model_len - response_length (SPEC B §5.3)."""
+    prompt_len = len(rollout[2].prompt_ids)
+    config = make_config(**{"actor_rollout_ref.rollout.max_model_len": prompt_len + 256 + 10})
+    server = RecordingServer(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=256)))
+    out = run_episode(config, tokenizer, server)
+    # room for exactly one call: its 24 tokens plus the environment's reply exceed the 10 spare tokens
+    assert len(server.generations) == 1
+    assert out.extra_fields["seal_termination"] == "context_budget"
+
+
+def test_over_long_first_prompt_is_a_clear_error(tiny_dir, tokenizer):
+    config = make_config(**{"actor_rollout_ref.rollout.prompt_length": 512})
+    server = RecordingServer(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=256)))
+    with pytest.raises(ValueError, match="raise data.max_prompt_length"):
+        run_episode(config, tokenizer, server)
+    assert server.generations == []
+
+
+def test_long_environment_messages_are_clipped(tiny_dir, tokenizer):
+    async def build():
+        return make_loop(make_config(), tokenizer, RecordingServer(None))
+
+    loop = asyncio.run(build())
+    text = "word " * 2000
+    clipped = loop._clip_env_text(text)
+    assert clipped.endswith(TRUNCATION_MARKER)
+    assert len(tokenizer.encode(clipped, add_special_tokens=False)) <= loop.max_env_tokens + 2
+    assert loop._clip_env_text("short") == "short"
+
+
+def test_validation_episodes_use_the_original_interface(tiny_dir, tokenizer):
+    """A validate-mode rollout must see the untouched prompt even though the recipe turns schema cues on."""
+    config = make_config(**{"seal.rollout.max_model_calls": 1})
+    seen = {}
+
+    class Capture(RecordingServer):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            seen.setdefault("prompt", tokenizer.decode(prompt_ids))
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+    server = Capture(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=8)))
+    run_episode(config, tokenizer, server, split="val", temperature=0)
+    assert "[required]" not in seen["prompt"] and "Observation note" not in seen["prompt"]
+    seen.clear()
+    run_episode(config, tokenizer, server, split="train")
+    assert "[required]" in seen["prompt"] and "Observation note" in seen["prompt"]
+
+
+def test_failing_environment_gives_a_failed_episode_kept_out_of_the_loss(tiny_dir, tokenizer, monkeypatch):
+    config = make_config(**{"seal.rollout.episode_retries": 1})
+    calls = []
+
+    def broken_create(*args, **kwargs):
+        calls.append(args)
+        raise EnvServiceError(503, "service unavailable", "http_error")
+
+    out = run_episode(config, tokenizer, RecordingServer(None),
+                      prepare=lambda loop: monkeypatch.setattr(loop.env, "create", broken_create))
+    assert len(calls) == 2  # first try + one retry, then give up
+    assert out.extra_fields["seal_failed"] is True and "service unavailable" in out.extra_fields["seal_error"]
+    assert sum(out.response_mask) == 0 and out.reward_score == 0.0
