@@ -132,7 +132,8 @@ def _read_records(path: str) -> list[tuple[int, dict]]:
         except UnicodeDecodeError as error:
             problems.append(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})")
     if problems:
-        raise CliError("\n".join(problems[:20]) + (f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""))
+        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise CliError("\n".join(problems[:20]) + more)
     return records
 
 

@@ -26,6 +26,8 @@ from requests.adapters import HTTPAdapter
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({502, 503, 504})
+# Failures where the request may not have been served (or its answer was lost).
+_RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
 
 class EnvServiceError(Exception):
@@ -159,15 +161,28 @@ class EnvClient(_ClientAPI):
     def _get(self, endpoint: str) -> Any:
         return self._request("GET", endpoint, None)
 
+    def _prepare(self, method: str, url: str, data: bytes | None) -> requests.PreparedRequest:
+        request = requests.PreparedRequest()
+        request.prepare_method(method)
+        request.prepare_url(url, None)
+        request.prepare_headers(self._JSON_HEADERS if data is not None else None)
+        request.prepare_body(data, None)
+        return request
+
+    _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+
     def _request(self, method: str, endpoint: str, data: bytes | None) -> Any:
         url = f"{self.url}/{endpoint}"
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        # Sent through the session's pooled adapter directly: Session.request would also merge
+        # cookies, hooks, redirects and environment settings we never use (~0.1 ms per call, about
+        # a third of the client's cost per request).
+        adapter = self.session.get_adapter(url)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                response = self.session.request(method, url, data=data, headers=headers,
-                                                timeout=self.timeout_s)
-            except (requests.ConnectionError, requests.Timeout) as error:
+                response = adapter.send(self._prepare(method, url, data), timeout=self.timeout_s)
+                response.content  # read the body here: a connection dropped mid-body is retryable
+            except _RETRYABLE as error:
                 if last:
                     raise EnvServiceError(None, f"{method} {url} failed after {attempt + 1} "
                                                 f"attempt(s): {error}", "unreachable") from None

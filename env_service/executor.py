@@ -238,6 +238,8 @@ def _parse_processed(processed: str) -> ast.expr | str:
         tree = ast.parse(processed, filename="<string>", mode="eval")
     except SyntaxError as error:
         return _syntax_error_text(error)
+    except (UnicodeEncodeError, ValueError) as error:  # e.g. a lone surrogate in a name: what eval would report
+        return f"{ERROR_PREFIX}{error}"
     # CPython reports repeated keyword arguments at compile time, not in ast.parse.
     calls = sorted(
         (node for node in ast.walk(tree) if isinstance(node, ast.Call)),

@@ -272,6 +272,7 @@ class _Slot:
     terminated: bool = False
     last_step: dict | None = None  # cached response of step ``steps - 1`` (for retried steps)
     last_content: str | None = None
+    closed: bool = False  # released or reclaimed; set under ``lock``
 
 
 class EpisodeManager:
@@ -352,6 +353,9 @@ class EpisodeManager:
                 f"episode {slot.instance_id!r} is busy with another request for more than "
                 f"{EPISODE_LOCK_TIMEOUT_S:.0f} s; send one request per episode at a time"
             )
+        if slot.closed:  # released while this request waited for the lock
+            slot.lock.release()
+            raise UnknownInstance(f"episode {slot.instance_id!r} was released while this request waited")
 
     def _guard(self, what: str, slot: _Slot, fn, *args):
         """Run an episode method; unexpected exceptions become EpisodeFailure (logged, 500)."""
@@ -384,15 +388,7 @@ class EpisodeManager:
         self._ensure_capacity()
 
         task = self._load_task(task_id)
-        profile = self.get_profile()["profile"] if mode == "train" else None
-        episode_mod = _episode_api()
-        try:
-            episode = episode_mod.Episode(task, mode, config, profile)
-            messages = episode.initial_messages()
-        except ManagerError:
-            raise
-        except ValueError as error:  # e.g. a config combination the episode refuses
-            raise InvalidConfig(f"cannot start episode for {task_id}: {error}") from None
+        episode, messages, profile_version = self._start_episode(task, mode, config)
         info = {
             "instance_id": instance_id,
             "task_id": task_id,
@@ -400,20 +396,48 @@ class EpisodeManager:
             "mode": mode,
             "num_turns": task.num_turns,
             "tools_count": len(task.functions),
-            "profile_version": self._profile_version if profile is not None else None,
+            "profile_version": profile_version,
         }
         extra = getattr(episode, "info", None)
         if isinstance(extra, dict):
             info = {**extra, **info}
         initial = _json_safe({"instance_id": instance_id, "messages": messages, "info": info})
         now = self._clock()
-        slot = _Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now)
-        with self._lock:
-            if instance_id in self._slots:  # lost a race with a concurrent create of the same id
-                raise Conflict(f"instance_id {instance_id!r} already exists")
-            self._slots[instance_id] = slot
-            self._counts["created"] += 1
+        self._register(_Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now))
         return copy.deepcopy(initial)
+
+    def _register(self, slot: _Slot) -> None:
+        """Insert a new slot; the capacity and id checks are repeated under the lock (races)."""
+        with self._lock:
+            if slot.instance_id in self._slots:
+                problem: ManagerError | None = Conflict(f"instance_id {slot.instance_id!r} already exists")
+            elif len(self._slots) >= self.max_episodes:
+                problem = CapacityExceeded(f"{len(self._slots)} live episodes (limit {self.max_episodes}); "
+                                           f"release finished episodes or retry later")
+            else:
+                problem = None
+                self._slots[slot.instance_id] = slot
+                self._counts["created"] += 1
+        if problem is not None:
+            self._close(slot)
+            raise problem
+
+    def _start_episode(self, task, mode: str, config: EnvConfig):
+        """Build the episode and its first messages; TRAIN episodes get the latest failure profile."""
+        profile_state = self.get_profile() if mode == "train" else None
+        profile = profile_state["profile"] if profile_state else None
+        try:
+            episode = _episode_api().Episode(task, mode, config, profile)
+            messages = episode.initial_messages()
+        except ValueError as error:  # a config combination the episode refuses
+            raise InvalidConfig(f"cannot start episode for {task.id}: {error}") from None
+        except Exception as error:  # noqa: BLE001 - a bug: log it, answer 500 without internals
+            self._count("episode_failures")
+            log.exception("creating an episode for %s failed", task.id)
+            raise EpisodeFailure(f"internal error creating an episode for {task.id} "
+                                 f"({type(error).__name__})") from None
+        version = profile_state["version"] if profile is not None else None
+        return episode, messages, version
 
     def _check_create(self, task_id: Any, mode: Any, params: Any) -> tuple[str, str, dict]:
         if not isinstance(task_id, str) or not task_id:
@@ -542,14 +566,22 @@ class EpisodeManager:
         self._close(slot)
         return True
 
-    def _close(self, slot: _Slot) -> None:
-        # Frees backend instances early; an in-flight request on this slot keeps its own reference.
-        close = getattr(slot.episode, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                log.exception("closing episode %s failed", slot.instance_id)
+    def _close(self, slot: _Slot, wait_s: float = EPISODE_LOCK_TIMEOUT_S) -> None:
+        """Free the episode's backends early (the slot is already out of the dict).
+
+        Waits for a request still running on it, so a release racing a step never pulls the backends
+        from under it; if that request hangs, the episode is left to the garbage collector instead.
+        """
+        close = getattr(slot.episode, "close", None) or (lambda: None)
+        if not slot.lock.acquire(timeout=wait_s):
+            return
+        try:
+            slot.closed = True
+            close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            log.exception("closing episode %s failed", slot.instance_id)
+        finally:
+            slot.lock.release()
 
     def reclaim_idle(self, now: float | None = None) -> int:
         """Release episodes idle for longer than ``idle_timeout_s``; returns how many."""
@@ -629,7 +661,7 @@ class EpisodeManager:
             self._slots.clear()
             self._counts["released"] += len(slots)
         for slot in slots:
-            self._close(slot)
+            self._close(slot, wait_s=0.0)  # shutdown must not wait for a hung request
         return len(slots)
 
 

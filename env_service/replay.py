@@ -104,8 +104,6 @@ def replay_ground_truth(task: Task, config: EnvConfig | None = None, mode: str =
     return trace_ground_truth(task, config, mode).evaluation
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Ground-truth replay through full episode mechanics, over any client (in-process or HTTP)
 # ---------------------------------------------------------------------------------------------
@@ -152,20 +150,28 @@ def _cached_gt_messages(task_id: str, prompt_mode: str) -> tuple[str, ...]:
     return tuple(ground_truth_messages(tasks_mod.load_task(task_id), prompt_mode))
 
 
+def _category_of(task_id: str) -> str:
+    from env_service import tasks as tasks_mod
+
+    try:
+        return tasks_mod.parse_task_id(task_id)[0]
+    except ValueError:
+        return "unknown"
+
+
 def replay_task(client, task_id: str, mode: str = "validate", params: dict | None = None) -> ReplayResult:
     """Create, replay every GT message, evaluate and release one episode (release also on errors).
 
     ``client``: anything with the ``env_service.client`` interface (in-process or HTTP).
     """
-    from env_service import tasks as tasks_mod
     from env_service.client import EnvServiceError
 
     started = time.perf_counter()
     params = params or {}
-    category = tasks_mod.parse_task_id(task_id)[0]
-    result = ReplayResult(task_id, category, expected_failure=task_id in expected_failures(params))
+    result = ReplayResult(task_id, _category_of(task_id))
     instance_id = None
     try:
+        result.expected_failure = task_id in expected_failures(params)
         messages = _cached_gt_messages(task_id, EnvConfig.from_dict(params).tool_prompt_mode)
         instance_id = client.create(task_id, mode, params)["instance_id"]
         for text in messages:
@@ -176,10 +182,8 @@ def replay_task(client, task_id: str, mode: str = "validate", params: dict | Non
                 break
         evaluation = client.evaluate(instance_id)
         result.evaluation = evaluation
-        result.error_type = evaluation.get("error_type")
         result.passed = bool(evaluation.get("valid")) and result.terminated
-        if not result.terminated and result.error is None:
-            result.error_type = result.error_type or "replay:not_terminated"
+        result.error_type = evaluation.get("error_type") or (None if result.terminated else "replay:not_terminated")
     except (EnvServiceError, ValueError, KeyError) as error:
         result.error = f"{type(error).__name__}: {error}"
     finally:
@@ -247,7 +251,7 @@ def summarize(results: list[ReplayResult]) -> dict:
         "total": total,
         "failing": [
             {"task_id": r.task_id, "expected": r.expected_failure and r.error is None,
-             "reason": r.error or r.error_type or "failed",
+             "error": r.error is not None, "reason": r.error or r.error_type or "failed",
              **({"note": EXPECTED_FAILURES[r.task_id]} if r.expected_failure else {})}
             for r in results if not r.passed
         ],
@@ -274,7 +278,7 @@ def format_report(report: dict) -> str:
         lines.append("")
         lines.append("failing tasks:")
         for f in report["failing"]:
-            tag = "expected" if f["expected"] else "UNEXPECTED"
+            tag = "expected" if f["expected"] else "ERROR" if f.get("error") else "UNEXPECTED"
             lines.append(f"  {f['task_id']}  [{tag}] {f['reason']}" + (f" — {f['note']}" if f.get("note") else ""))
     lines.append("")
     lines.append("result: " + ("OK" if report["ok"] else "FAILED"))

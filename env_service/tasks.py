@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
+import threading
 from dataclasses import dataclass
 
 from env_service import _bfcl
@@ -108,8 +109,17 @@ def _build_task(entry: dict, ground_truth_entry: dict) -> Task:
     return task
 
 
-@functools.lru_cache(maxsize=1)
+_LOAD_LOCK = threading.Lock()
+
+
 def _all_tasks() -> dict[str, Task]:
+    """All 800 tasks, parsed once per process (a lock: concurrent first callers must not each build them)."""
+    with _LOAD_LOCK:
+        return _build_all_tasks()
+
+
+@functools.lru_cache(maxsize=1)
+def _build_all_tasks() -> dict[str, Task]:
     """All 800 tasks, parsed once per process. Private: never hand these objects out (shared)."""
     tasks: dict[str, Task] = {}
     for category in CATEGORIES:

@@ -2,9 +2,9 @@
 
 verl 0.9.1 knows only CUDA/NPU/ROCm platforms. With this plugin the *unchanged* verl trainer
 (`RayPPOTrainer`, FSDP2 engine workers, agent-loop rollout) runs on CPU over gloo. It is inert
-unless ``VERL_PLATFORM=cpu``: :func:`activate` is called by :mod:`seal.verl_plugins` (a
-``verl.plugins`` entry point, loaded at the end of ``import verl`` in every process) only then,
-so GPU runs are unaffected.
+unless ``VERL_PLATFORM=cpu``: :mod:`seal.verl_plugins` (a ``verl.plugins`` entry point, loaded
+at the end of ``import verl`` in every process) registers the platform everywhere (:func:`register`,
+inert: never auto-detected) but calls :func:`activate` only then, so GPU runs are unaffected.
 
 What activation does, and why:
 
@@ -90,7 +90,8 @@ def _build_device_module() -> types.ModuleType:
     mod = types.ModuleType("seal_cpu_device")
     # torch.cpu already provides: is_available, current_device ('cpu'), device_count, set_device,
     # synchronize, current_stream, stream, Stream, Event. Copy them over, then add the rest.
-    for name in ("is_available", "current_device", "device_count", "set_device", "synchronize", "current_stream", "stream", "Stream", "Event"):
+    from_torch_cpu = ("is_available", "current_device", "device_count", "set_device", "synchronize")
+    for name in from_torch_cpu + ("current_stream", "stream", "Stream", "Event"):
         setattr(mod, name, getattr(torch.cpu, name))
     extras = {
         "get_device_name": lambda *_a, **_k: "cpu",  # flops_counter does `"H100" in name`
@@ -282,17 +283,50 @@ def _patch_torchrun_process_group_init(dist_utils) -> None:
 _activated = False
 
 
+def register() -> None:
+    """Make verl platform "cpu" selectable in this process (idempotent, inert).
+
+    Registered in every verl process, not only CPU runs: a process that sets VERL_PLATFORM=cpu
+    after `import verl` (a driver, say) then still resolves the platform instead of failing with
+    "Unknown platform 'cpu'". Registration alone changes nothing: the platform is never
+    auto-detected (is_platform_available is False) and has no side effects until selected."""
+    from verl.plugin.platform import PlatformRegistry
+
+    if PlatformRegistry.get(PLATFORM_NAME) is not platform_class():
+        PlatformRegistry.register(platform=PLATFORM_NAME)(platform_class())
+
+
 def activate() -> None:
-    """Register the CPU platform and apply the CPU fixes in this process (idempotent)."""
+    """Register the CPU platform and apply the CPU fixes in this process (idempotent).
+
+    Called at `import verl` when VERL_PLATFORM=cpu is already set -- true for every Ray worker of
+    a CPU run, which are the processes that build engines and process groups."""
     global _activated
     if _activated:
         return
-    from verl.plugin.platform import PlatformRegistry
-
-    PlatformRegistry.register(platform=PLATFORM_NAME)(platform_class())
+    register()
     os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")  # FSDP engine lookup, see module docstring
     _patch_process_group_init()
+    _unpin_cpu_offload()
     _activated = True
+
+
+def _unpin_cpu_offload() -> None:
+    """FSDP2's ``CPUOffloadPolicy(pin_memory=True)`` (verl's reference policy always uses it) pins host memory,
+    which needs an accelerator; on a CPU-only machine the parameters already live in host memory, so the
+    policy is kept and only the pinning is dropped."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    if getattr(CPUOffloadPolicy.__init__, "__seal_cpu_patched__", False):
+        return
+    original = CPUOffloadPolicy.__init__
+
+    @functools.wraps(original)
+    def __init__(self, pin_memory: bool = True):
+        original(self, pin_memory=False)
+
+    __init__.__seal_cpu_patched__ = True
+    CPUOffloadPolicy.__init__ = __init__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,17 +334,15 @@ def activate() -> None:
 # ---------------------------------------------------------------------------------------------
 
 # Env for every Ray worker. The trainer's workers inherit the driver's environment when the driver
-# starts the local Ray cluster, but an existing cluster (`ray start`) would not, so a launcher
-# passes these through `ray_kwargs.ray_init.runtime_env.env_vars` too (see cpu_overrides()).
+# starts the local Ray cluster, but an existing cluster (`ray start`) would not, so a launcher also
+# passes these through `ray_kwargs.ray_init.runtime_env.env_vars` (see cpu_overrides()).
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
-    "VERL_ENGINE_DEVICE": "cuda",
-    # Belt and braces for the entry point: also imported by VERL_USE_EXTERNAL_MODULES, so the
+    # Belt and braces for the entry point: verl also imports modules named here, so the
     # registrations happen even if the `seal` dist-info (entry points) is stale or missing.
     "VERL_USE_EXTERNAL_MODULES": "seal.verl_plugins",
+    # HF tokenizers' thread pool on a 2-core box shared by ~6 processes only adds contention.
     "TOKENIZERS_PARALLELISM": "false",
-    "RAY_AUTH_MODE": "disabled",  # Ray 2.60 token auth: only warnings on a local cluster
-    "HF_HUB_OFFLINE": "1",
 }
 
 # Hydra overrides (on top of verl's `ppo_trainer` config) that make the legacy trainer run on
@@ -332,8 +364,9 @@ CPU_OVERRIDES = [
     "actor_rollout_ref.model.enable_gradient_checkpointing=false",
     # FSDP2 in fp32: FSDP1 needs GPU params for sync_module_states; bf16 is slow and lossy on CPU.
     # (actor.strategy is copied into the engine config by FSDPActorConfig.__post_init__.)
+    # model_dtype fp32 and the naive checkpoint engine are verl's defaults, but GPU recipes change
+    # them (bf16, nccl), and these overrides are applied on top of recipes.
     "actor_rollout_ref.actor.strategy=fsdp2",
-    "actor_rollout_ref.ref.strategy=fsdp2",
     "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
     "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
     "++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
@@ -349,21 +382,33 @@ CPU_OVERRIDES = [
     "actor_rollout_ref.rollout.agent.num_workers=1",
     # reward loop workers (each loads the tokenizer): one is plenty on 2 cores
     "reward.num_workers=1",
-    # data loading in-process; no wandb
+    # data loading in-process (8 loader processes by default)
     "data.dataloader_num_workers=0",
-    "trainer.logger=[console]",
 ]
 
 
 def cpu_overrides(extra_env: dict[str, str] | None = None) -> list[str]:
-    """CPU_OVERRIDES plus the Ray runtime env (`cpu_runtime_env()`) as `+ray_kwargs...` overrides."""
+    """CPU_OVERRIDES plus the Ray runtime env (`cpu_runtime_env()`) as `++ray_kwargs...` overrides.
+
+    Put these before run-specific overrides (later Hydra overrides win)."""
     env = cpu_runtime_env(extra_env)
     env_overrides = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in env.items()]
     return list(CPU_OVERRIDES) + env_overrides
 
 
 def cpu_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    """Env vars every Ray worker of a CPU run needs (also to export in the driver before `ray.init`)."""
+    """Env vars every Ray worker of a CPU run needs (also to export in the driver before `import verl`)."""
     env = dict(CPU_ENV)
+    # Ray pins OMP_NUM_THREADS=1 in every worker; the trainer worker's log-prob and update passes (152k-vocab
+    # logits) are the CPU path's bottleneck and deserve every core.
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    user_modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+    env["VERL_USE_EXTERNAL_MODULES"] = _merge_module_list(user_modules, env["VERL_USE_EXTERNAL_MODULES"])
     env.update(extra_env or {})
     return env
+
+
+def _merge_module_list(existing: str, ours: str) -> str:
+    """Keep modules the user already listed (comma list), add ours once."""
+    names = [n.strip() for n in existing.split(",") if n.strip()]
+    return ",".join(names + [ours] if ours not in names else names)

@@ -58,9 +58,13 @@ _SUPPORTED_KEYS = {
 _IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "detokenize", "include_stop_str_in_output"}
 
 
-def server_actor_name(replica_rank: int) -> str:
-    """Ray actor name shared by the replica (creates it) and the adapters (look it up)."""
-    return f"seal_hf_rollout_server_{replica_rank}"
+def server_actor_name(replica_rank: int, role: str = "", suffix: str = "") -> str:
+    """Ray actor name shared by the replica (creates it) and the adapters (look it up).
+
+    The policy rollout uses the plain name (its adapters know only their rank); reward/teacher
+    replicas, which have no adapter, get a role prefix so they cannot collide with it."""
+    role = f"{role}_" if role else ""
+    return f"seal_hf_rollout_{role}server_{replica_rank}{suffix}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +113,13 @@ def _as_id_list(value: Any) -> list[int]:
 class HFRolloutServer:
     """Token-in/token-out generation server over a HF causal LM (CPU)."""
 
-    def __init__(self, model_path: str, config: HFServerConfig | Any = None, replica_rank: int = 0, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        config: HFServerConfig | Any = None,
+        replica_rank: int = 0,
+        trust_remote_code: bool = False,
+    ):
         from transformers import AutoModelForCausalLM
 
         self.config = config if isinstance(config, HFServerConfig) else HFServerConfig.from_rollout_config(config or {})
@@ -328,7 +338,8 @@ class HFRolloutReplica(RolloutReplica):
     async def launch_servers(self):
         import ray
 
-        name = server_actor_name(self.replica_rank)
+        role = "reward" if self.is_reward_model else "teacher" if self.is_teacher_model else ""
+        name = server_actor_name(self.replica_rank, role, self.name_suffix)
         server_cls = ray.remote(HFRolloutServer)
         # num_cpus=0: the trainer's placement bundles already hold the logical CPUs; the server only
         # runs while the trainer waits for rollouts.

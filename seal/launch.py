@@ -53,6 +53,7 @@ def preflight(config: DictConfig) -> list[str]:
     _check_data(config, problems)
     _check_lengths(config, problems)
     _check_batching(config, problems)
+    _check_checkpoints(config, problems)
     if problems:
         raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
     return warnings
@@ -131,6 +132,14 @@ def _check_batching(config, problems):
         problems.append("GRPO needs rollout.n >= 2 (advantages are relative within a group)")
 
 
+def _check_checkpoints(config, problems):
+    if config.seal.checkpoint.save_best and config.trainer.get("max_actor_ckpt_to_keep"):
+        problems.append(
+            "trainer.max_actor_ckpt_to_keep would rotate out the best checkpoint; with seal.checkpoint.save_best "
+            "leave it null (seal.checkpoint.keep_only_best prunes the others at the end)"
+        )
+
+
 # ---- environment service --------------------------------------------------------------------------
 
 
@@ -199,21 +208,35 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
+def run_environment(config: DictConfig) -> dict[str, str]:
+    """Environment variables of every process of the run: CPU platform (CPU recipes) and logger locations."""
+    from seal.cpu_platform import cpu_runtime_env
+
+    env = cpu_runtime_env() if config.trainer.device == "cpu" else {}
+    run_dir = Path(config.seal.diagnosis.dump_dir).parent.resolve()
+    # verl's file and tensorboard loggers write relative to the cwd by default; keep them with the run
+    env.setdefault("TENSORBOARD_DIR", os.environ.get("TENSORBOARD_DIR", str(run_dir / "tensorboard")))
+    env.setdefault(
+        "VERL_FILE_LOGGER_PATH",
+        os.environ.get("VERL_FILE_LOGGER_PATH", str(run_dir / f"metrics_{time.strftime('%Y%m%d-%H%M%S')}.jsonl")),
+    )
+    return env
+
+
 def train(config: DictConfig) -> None:
+    env_vars = run_environment(config)
+    # Set before verl is imported here (the platform is chosen at import). The driver starts the local Ray
+    # cluster, whose workers inherit this environment; a cluster started elsewhere (`ray start`) gets the same
+    # variables through the runtime env.
+    os.environ.update(env_vars)
     import ray
     from verl.trainer.main_ppo import run_ppo
 
-    from seal.cpu_platform import cpu_runtime_env
     from seal.trainer import make_task_runner
 
-    if config.trainer.device == "cpu":
-        # The driver starts the local Ray cluster, whose workers inherit this environment; a cluster started
-        # elsewhere (`ray start`) gets the same variables through the runtime env.
-        env_vars = cpu_runtime_env()
-        os.environ.update(env_vars)
-        OmegaConf.set_struct(config, False)
-        runtime_env = config.ray_kwargs.ray_init.get("runtime_env") or {}
-        config.ray_kwargs.ray_init.runtime_env = OmegaConf.merge(runtime_env, {"env_vars": env_vars})
+    OmegaConf.set_struct(config, False)
+    runtime_env = config.ray_kwargs.ray_init.get("runtime_env") or {}
+    config.ray_kwargs.ray_init.runtime_env = OmegaConf.merge(runtime_env, {"env_vars": env_vars})
     try:
         run_ppo(config, task_runner_class=make_task_runner())
     finally:

@@ -183,7 +183,9 @@ def build_model(seed: int = 0):
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     # Only the special ids: no sampling defaults, so generation follows the caller's settings.
-    model.generation_config = GenerationConfig(bos_token_id=PAD_ID, eos_token_id=[EOS_ID, PAD_ID], pad_token_id=PAD_ID)
+    model.generation_config = GenerationConfig(
+        bos_token_id=PAD_ID, eos_token_id=[EOS_ID, PAD_ID], pad_token_id=PAD_ID
+    )
     return model
 
 
@@ -227,6 +229,9 @@ def _swap_in(tmp: Path, out_dir: Path) -> None:
     if out_dir.exists():
         if _cached(out_dir, json.loads((tmp / SPEC_FILE).read_text())):
             return  # a concurrent builder finished first with the same spec
+        if any(out_dir.iterdir()) and not (out_dir / SPEC_FILE).exists():
+            # never delete a directory this module did not create
+            raise FileExistsError(f"{out_dir} exists and is not a tiny-model build; choose another --out")
         shutil.rmtree(out_dir)
     tmp.chmod(0o755)  # mkdtemp creates 0700; the model dir is shared with Ray workers and colleagues
     os.replace(tmp, out_dir)

@@ -100,12 +100,22 @@ class BestCheckpoint:
         if not self.enabled or self.best is None:
             return
         if self.keep_only_best:
-            self._prune(latest=trainer.global_steps)
+            self._prune()
         if self.export_hf:
+            actor_dir = os.path.join(self.best["checkpoint_dir"], "actor")
+            if not os.path.isdir(actor_dir):
+                raise FileNotFoundError(
+                    f"the best checkpoint's shards are gone ({actor_dir}); trainer.max_actor_ckpt_to_keep rotated them "
+                    "out — leave it null with seal.checkpoint.save_best (keep_only_best prunes at the end instead)"
+                )
             export_hf(self.best["checkpoint_dir"])
 
-    def _prune(self, latest: int) -> None:
-        keep = {os.path.basename(self.best["checkpoint_dir"]), f"global_step_{latest - 1}", f"global_step_{latest}"}
+    def _prune(self) -> None:
+        keep = {os.path.basename(self.best["checkpoint_dir"])}
+        latest = os.path.join(self.root, "latest_checkpointed_iteration.txt")
+        if os.path.exists(latest):  # the resume point stays
+            with open(latest) as f:
+                keep.add(f"global_step_{f.read().strip()}")
         for name in os.listdir(self.root):
             if name.startswith("global_step_") and name not in keep:
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)

@@ -42,9 +42,10 @@ def register_hf_rollout() -> None:
 
 
 def register_cpu_platform() -> None:
-    """CPU platform + fixes, only when this process runs verl with VERL_PLATFORM=cpu."""
+    """Platform "cpu" always selectable (inert); its fixes only when VERL_PLATFORM=cpu."""
     from seal import cpu_platform
 
+    cpu_platform.register()
     if cpu_platform.is_requested():
         cpu_platform.activate()
 

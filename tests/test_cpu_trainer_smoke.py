@@ -3,7 +3,7 @@
 Goes through verl's normal entry (`run_ppo` + `main_ppo_v0.TaskRunner`) with a config composed
 by Hydra from verl's packaged `ppo_trainer` plus `seal.cpu_platform.cpu_overrides()`, i.e. what a
 launcher does: FSDP2 actor on gloo, the `hf` rollout server, verl's `single_turn_agent`, GRPO with
-n=2, validation before training, one step, one checkpoint.
+n=2, validation before training, two steps, a checkpoint after each.
 """
 
 from __future__ import annotations
@@ -133,13 +133,18 @@ def test_ray_ppo_trainer_runs_on_cpu(tmp_path):
     steps = _read_metrics(tmp_path / "metrics.jsonl")
     val = {k: v for k, v in steps.get(0, {}).items() if k.startswith("val-core/")}
     assert "val-core/toy/acc/mean@1" in val, sorted(steps.get(0, {}))
-    train = steps[1]
-    for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/step"):
-        assert key in train, key
+    for step in (1, 2):
+        train = steps[step]
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/step"):
+            assert key in train, (step, key)
+        # The rollout server's log-probs equal the trainer's own forward pass, so its weights are the
+        # actor's: synced at step 0 and again after step 1's update (lr=1e-2 moves every weight; a
+        # skipped sync shows up here as KL ~2e-2 and a probs diff ~3e-6).
+        assert abs(train["rollout_corr/kl"]) < 1e-4, (step, train["rollout_corr/kl"])
+        assert train["training/rollout_probs_diff_max"] < 1e-8, (step, train["training/rollout_probs_diff_max"])
     ckpt = tmp_path / "ckpt"
-    assert (ckpt / "global_step_1" / "actor").is_dir()
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
-
+    assert (ckpt / "global_step_1" / "actor").is_dir() and (ckpt / "global_step_2" / "actor").is_dir()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 if __name__ == "__main__":
     run_driver(Path(sys.argv[1]))

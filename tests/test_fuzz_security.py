@@ -105,7 +105,8 @@ def _structural_payloads() -> list[str]:
         "\x00" * 1000, _call("ls\x00", {"a\x00": "\x00"}), "\ud800", "ok \udfff", _call("ls", {"x": "\ud83d"}),
         "", " ", "\n", "</tool_call>", "<tool_call>", "<TOOL_CALL>{}</TOOL_CALL>",
         # Python call lists (the toolace_llama prompt mode parses these with ast; must never evaluate)
-        f"[cd(folder={CODE[0]})]", f"[{CODE[0]}]", f"[ls.__class__.__init__.__globals__['os'].system('touch {CANARY_FILE}')]",
+        f"[cd(folder={CODE[0]})]", f"[{CODE[0]}]",
+        f"[ls.__class__.__init__.__globals__['os'].system('touch {CANARY_FILE}')]",
         f"[(lambda: {CODE[0]})()]", f"[cd(folder=f\"{{{CODE[0]}}}\")]", f"[cd(**{{'folder': {CODE[1]}}})]",
         f"[cd(*[{CODE[0]}])]", f"[cd(folder=[x for x in [{CODE[0]}]])]", "[" * 10_000, "[" + "(" * 5000 + "]",
         f"[cd(folder='a' + {CODE[0]})]", f"[cd(folder=1 if {CODE[0]} else 2)]", "[cd(folder=__debug__)]",
@@ -158,13 +159,17 @@ def assert_no_canary() -> None:
 
 
 class Driver:
-    """Feeds messages to episodes (new episode when one terminates), evaluating as it goes."""
+    """Feeds messages to episodes (new episode when one terminates), evaluating as it goes.
+
+    Server-side failures (5xx) are collected, not raised, so one run lists every crashing payload.
+    """
 
     def __init__(self, client, params: dict):
         self.client, self.params = client, params
         self.instance_id: str | None = None
         self.task_index = 0
         self.outcomes = {"ok": 0, "4xx": 0, "episodes": 0}
+        self.failures: list[str] = []
 
     def _new_episode(self) -> None:
         task_id = TASKS[self.task_index % len(TASKS)]
@@ -173,8 +178,11 @@ class Driver:
         self.outcomes["episodes"] += 1
 
     def _finish(self) -> None:
-        evaluation = self.client.evaluate(self.instance_id)  # re-executes accepted hostile calls
-        assert isinstance(evaluation["valid"], bool)
+        try:
+            evaluation = self.client.evaluate(self.instance_id)  # re-executes accepted hostile calls
+            assert isinstance(evaluation["valid"], bool)
+        except EnvServiceError as error:
+            self.failures.append(f"evaluate -> {error.status}: {error.message}")
         assert self.client.release(self.instance_id)
         self.instance_id = None
 
@@ -184,9 +192,12 @@ class Driver:
         try:
             result = self.client.step(self.instance_id, message)
         except EnvServiceError as error:
-            assert error.status is not None and 400 <= error.status < 500, (error.status, error.message)
             assert "Traceback" not in error.message
-            self.outcomes["4xx"] += 1
+            if error.status is not None and 400 <= error.status < 500:
+                self.outcomes["4xx"] += 1
+                return
+            self.failures.append(f"{ascii(message[:120])} -> {error.status}: {error.message}")
+            self._finish()  # the episode may be inconsistent: evaluate (must not crash) and drop it
             return
         assert set(result) == {"message", "terminated", "info"}
         assert isinstance(result["message"]["content"], str)
@@ -197,6 +208,7 @@ class Driver:
     def close(self) -> None:
         if self.instance_id is not None:
             self._finish()
+        assert not self.failures, f"{len(self.failures)} server-side failures:\n" + "\n".join(self.failures)
 
 
 @pytest.fixture(autouse=True)
@@ -224,7 +236,7 @@ def test_in_process_hostile_messages(config_name):
     stats = client.health()
     assert stats["episode_failures"] == 0
     assert stats["live"] == 0 and stats["created"] == stats["released"] == driver.outcomes["episodes"]
-    assert driver.outcomes["ok"] + driver.outcomes["4xx"] == len(messages)
+    assert driver.outcomes["ok"] + driver.outcomes["4xx"] + len(driver.failures) == len(messages)
     assert driver.outcomes["ok"] > driver.outcomes["4xx"]  # most are answered, not refused
 
 
@@ -270,6 +282,7 @@ RAW_BODIES = [
 @pytest.mark.parametrize("index", range(len(RAW_BODIES)))
 def test_http_raw_bytes_bodies(server, index):
     client = EnvClient(server.url, retries=0)
+    failures_before = client.health()["episode_failures"]
     instance_id = client.create("multi_turn_base_5", "train", CONFIGS["no_enforce"])["instance_id"]
     body = RAW_BODIES[index].replace(b"%s", instance_id.encode(), 1)
     response = requests.post(f"{server.url}/step", data=body, headers={"Content-Type": "application/json"},
@@ -280,4 +293,4 @@ def test_http_raw_bytes_bodies(server, index):
     assert ("message" in payload) if response.status_code == 200 else {"error", "detail"} <= set(payload)
     assert client.evaluate(instance_id)["valid"] in (True, False)
     assert client.release(instance_id)
-    assert server.alive() and client.health()["episode_failures"] == 0
+    assert server.alive() and client.health()["episode_failures"] == failures_before

@@ -166,8 +166,12 @@ def test_drain_consumes_everything_and_keeps_only_on_leader():
 def test_async_server_api_and_lifecycle(server, prompt_ids):
     async def run():
         await server.set_global_steps(7)
-        out = await server.generate(request_id="r1", prompt_ids=prompt_ids, sampling_params={"temperature": 0, "max_tokens": 2}, image_data=None, video_data=None)
-        for name in ("wake_up", "sleep", "resume_generation", "clear_kv_cache", "release_kv_cache", "resume_kv_cache", "start_profile", "stop_profile"):
+        params = {"temperature": 0, "max_tokens": 2}
+        out = await server.generate(
+            request_id="r1", prompt_ids=prompt_ids, sampling_params=params, image_data=None, video_data=None
+        )
+        for name in ("wake_up", "sleep", "resume_generation", "clear_kv_cache", "release_kv_cache",
+                     "resume_kv_cache", "start_profile", "stop_profile"):
             await getattr(server, name)()
         await server.abort_all_requests(reject_request=True)
         return out

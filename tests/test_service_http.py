@@ -253,8 +253,9 @@ def test_wrong_methods_and_routes(server):
 def test_client_raises_server_message_and_never_retries_4xx(server, monkeypatch):
     client = EnvClient(server.url, retries=3, backoff_s=0.0)
     calls = []
-    original = client.session.request
-    monkeypatch.setattr(client.session, "request", lambda *a, **k: calls.append(1) or original(*a, **k))
+    adapter = client.session.get_adapter(client.url)
+    original = adapter.send
+    monkeypatch.setattr(adapter, "send", lambda *a, **k: calls.append(1) or original(*a, **k))
     with pytest.raises(EnvServiceError) as err:
         client.create("multi_turn_nope_1", "train")
     assert err.value.status == 404 and err.value.error == "unknown_task"
@@ -266,8 +267,9 @@ def test_client_retries_503_then_gives_up(monkeypatch):
     with ServerThread(EpisodeManager(max_episodes=1)) as small:
         client = EnvClient(small.url, retries=2, backoff_s=0.0)
         calls = []
-        original = client.session.request
-        monkeypatch.setattr(client.session, "request", lambda *a, **k: calls.append(1) or original(*a, **k))
+        adapter = client.session.get_adapter(client.url)
+        original = adapter.send
+        monkeypatch.setattr(adapter, "send", lambda *a, **k: calls.append(1) or original(*a, **k))
         held = client.create(TASK, "validate")
         with pytest.raises(EnvServiceError) as err:
             client.create(TASK, "validate")
@@ -305,3 +307,44 @@ def test_server_still_healthy_after_everything(server, client):
     health = client.health()
     assert health["status"] == "ok" and health["episode_failures"] == 0
     assert health["client_errors"] > 0
+
+
+def test_background_reclaim_loop_runs():
+    import time
+
+    manager = EpisodeManager(idle_timeout_s=0.2, reclaim_interval_s=0.1)
+    with ServerThread(manager) as srv:
+        client = EnvClient(srv.url, retries=0)
+        client.create(TASK, "validate")
+        deadline = time.monotonic() + 10
+        while client.health()["reclaimed"] < 1:
+            assert time.monotonic() < deadline, "idle episode was never reclaimed"
+            time.sleep(0.1)
+        assert client.health()["live"] == 0
+
+
+def test_lost_responses_are_retried_without_double_effects(server, monkeypatch):
+    """The server applies the request, the answer is lost, the client retries: same answer, applied once."""
+    client = EnvClient(server.url, retries=2, backoff_s=0.0)
+    adapter = client.session.get_adapter(client.url)
+    original = adapter.send
+    lose_next = {"on": False}
+
+    def flaky_send(request, **kwargs):
+        response = original(request, **kwargs)
+        if lose_next["on"]:
+            lose_next["on"] = False
+            raise requests.ConnectionError("connection reset after the request was served")
+        return response
+
+    monkeypatch.setattr(adapter, "send", flaky_send)
+    lose_next["on"] = True
+    created = client.create(TASK, "validate")  # served, answer lost, retried with the same id
+    assert server.manager.stats()["live"] >= 1
+    lose_next["on"] = True
+    first = client.step(created["instance_id"], "moving on")  # served, answer lost, retried: same seq
+    assert first["message"]["content"] == tasks.load_task(TASK).question[1][0]["content"]
+    second = client.step(created["instance_id"], "moving on")
+    assert second["message"]["content"] == tasks.load_task(TASK).question[2][0]["content"]
+    assert client.evaluate(created["instance_id"])["num_steps"] == 2
+    assert client.release(created["instance_id"])

@@ -123,3 +123,44 @@ def test_72_concurrent_episodes_match_sequential_in_process(server):
         assert got["evaluation"] == want["evaluation"], task_id
         inproc.release(want["created"]["instance_id"])
     assert inproc.health()["live"] == 0
+
+
+def test_release_racing_steps_gives_only_clean_answers(server):
+    """Steps, evaluations and a release of the same episode from different threads at once."""
+    import random
+
+    from env_service.client import EnvServiceError
+
+    client = EnvClient(server.url, retries=0)
+    failures_before = client.health()["episode_failures"]
+    rng = random.Random(3)
+    statuses: list[int] = []
+
+    def hammer(instance_id: str, messages: list[str], start: threading.Barrier) -> None:
+        start.wait(timeout=60)
+        for text in messages:
+            try:
+                client.step(instance_id, text)
+                client.evaluate(instance_id)
+            except EnvServiceError as error:
+                statuses.append(error.status)
+
+    def release_soon(instance_id: str, start: threading.Barrier) -> None:
+        start.wait(timeout=60)
+        threading.Event().wait(rng.random() * 0.02)
+        client.release(instance_id)
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        futures = []
+        for task_id in tasks.task_ids("val")[:16]:
+            instance_id = client.create(task_id, "validate")["instance_id"]
+            start = threading.Barrier(2)
+            messages = replay.ground_truth_messages(tasks.load_task(task_id))
+            futures += [pool.submit(hammer, instance_id, messages, start),
+                        pool.submit(release_soon, instance_id, start)]
+        for future in futures:
+            future.result(timeout=120)
+    # Unknown instance (released) or conflict (stepped after termination) only; never a 500.
+    assert set(statuses) <= {404, 409}, statuses
+    health = client.health()
+    assert health["episode_failures"] == failures_before and server.alive()

@@ -73,7 +73,11 @@ def test_chat_template_system_user_generation_prompt(tokenizer):
 def test_chat_template_inserts_default_system_and_renders_all_roles(tokenizer):
     messages = [
         {"role": "user", "content": "list files"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "ls", "arguments": {"a": True}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "ls", "arguments": {"a": True}}}],
+        },
         {"role": "tool", "content": '{"files": []}'},
         {"role": "assistant", "content": "none"},
     ]
@@ -120,3 +124,19 @@ def test_build_is_cached(tiny_dir):
     assert build_tiny_model(tiny_dir) == tiny_dir
     assert time.perf_counter() - start < 0.5
     assert (tiny_dir / SPEC_FILE).is_file()
+
+
+def test_never_overwrites_a_foreign_directory(tmp_path):
+    import json
+
+    from seal.tiny_model import _swap_in, model_spec
+
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / SPEC_FILE).write_text(json.dumps(model_spec(0)))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError):
+        _swap_in(built, foreign)
+    assert (foreign / "notes.txt").read_text() == "keep me"

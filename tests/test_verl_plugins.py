@@ -20,6 +20,7 @@ out = {
     "adapter": get_rollout_class("hf", "async").__name__,
     "replica": get_rollout_replica_class("hf").__name__,
     "platforms": list(PlatformRegistry.registered_names()),
+    "engine_device_env": os.environ.get("VERL_ENGINE_DEVICE"),
 }
 if os.environ.get("VERL_PLATFORM") == "cpu":
     import torch
@@ -44,7 +45,8 @@ print("PROBE" + json.dumps(out))
 
 
 def _probe(**env) -> dict:
-    clean = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")}
+    unset = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_ENGINE_DEVICE")
+    clean = {k: v for k, v in os.environ.items() if k not in unset}
     proc = subprocess.run(
         [sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, timeout=300
     )
@@ -61,7 +63,14 @@ def test_entry_point_is_installed():
 def test_hf_rollout_registered_and_cpu_platform_inert_by_default():
     out = _probe()
     assert (out["adapter"], out["replica"]) == ("HFRolloutAdapter", "HFRolloutReplica")
-    assert "cpu" not in out["platforms"]  # GPU runs see verl's own platforms only
+    # "cpu" is selectable, but nothing CPU-specific happened (GPU runs are unaffected)
+    assert "cpu" in out["platforms"] and out["engine_device_env"] is None
+
+
+def test_cpu_platform_is_never_auto_detected():
+    from seal.cpu_platform import platform_class
+
+    assert platform_class()().is_platform_available(use_smi_check=True) is False
 
 
 def test_cpu_platform_when_requested():
@@ -85,7 +94,8 @@ def test_cpu_overrides_compose_with_verl_config():
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert {k: env[k] for k in CPU_ENV} == CPU_ENV and env.EXTRA == "a,b"
+    assert env.VERL_PLATFORM == CPU_ENV["VERL_PLATFORM"] == "cpu" and env.EXTRA == "a,b"
+    assert "seal.verl_plugins" in env.VERL_USE_EXTERNAL_MODULES.split(",")
 
 
 @pytest.mark.parametrize("name", ["wake_up", "sleep", "abort_all_requests", "resume_generation", "clear_kv_cache",

@@ -1,0 +1,176 @@
+"""End to end on CPU through the launcher: Ray, verl's FSDP2 engine, the seal_bfcl agent loop, the environment
+service over HTTP, A-Patch and the capability state — including a killed run that resumes where it stopped,
+and an environment service that dies mid-rollout.
+
+These are the slowest tests (a few minutes each on 2 cores); they run in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_TASKS = {"multi_turn_miss_func_121", "multi_turn_miss_func_122"}  # data/cpu_tiny_train.parquet
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_dirs(tmp: Path) -> dict[str, Path]:
+    return {"ckpt": tmp / "ckpt", "run": tmp / "run"}
+
+
+def launcher_cmd(tmp: Path, *extra: str) -> list[str]:
+    d = run_dirs(tmp)
+    return [
+        sys.executable, str(REPO / "launcher.py"), "--conf", str(REPO / "exp" / "cpu_tiny.yaml"),
+        f"trainer.default_local_dir={d['ckpt']}",
+        f"seal.diagnosis.state_dir={d['run']}/diagnostic_state",
+        f"seal.diagnosis.dump_dir={d['run']}/diagnostic_stats",
+        f"trainer.rollout_data_dir={d['run']}/rollout_log",
+        f"trainer.validation_data_dir={d['run']}/validation_log",
+        f"env_service.port={free_port()}",
+        *extra,
+    ]
+
+
+def launch(tmp: Path, *extra: str, log_name: str) -> subprocess.Popen:
+    log = open(tmp / log_name, "w")
+    return subprocess.Popen(launcher_cmd(tmp, *extra), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stop_ray() -> None:
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=120)
+
+
+def wait(proc: subprocess.Popen, timeout_s: float) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stop_ray()
+        pytest.fail(f"run did not finish within {timeout_s}s")
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """Run A is killed (SIGKILL) right after its first checkpoint; run B, the same command, resumes it."""
+    tmp = tmp_path_factory.mktemp("cpu_tiny")
+    ckpt = run_dirs(tmp)["ckpt"]
+    run_a = launch(tmp, log_name="run_a.log")
+    marker = ckpt / "global_step_1" / "seal_capability_state.json"
+    deadline = time.monotonic() + 900
+    while not marker.exists():
+        if run_a.poll() is not None:
+            pytest.fail(f"run A exited ({run_a.returncode}) before its first checkpoint:\n{(tmp / 'run_a.log').read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert marker.exists(), "no checkpoint after step 1"
+    time.sleep(2)  # let the checkpoint's remaining files land, then kill the whole run
+    os.killpg(run_a.pid, signal.SIGKILL)
+    run_a.wait()
+    stop_ray()
+    assert not (ckpt / "global_step_2").exists(), "run A got past step 1 before it was killed"
+    run_b = launch(tmp, log_name="run_b.log")
+    rc = wait(run_b, 900)
+    log_b = (tmp / "run_b.log").read_text()
+    assert rc == 0, log_b[-6000:]
+    return tmp, log_b
+
+
+def test_resumed_run_continues_at_the_next_step(resumed_run):
+    tmp, log_b = resumed_run
+    ckpt = run_dirs(tmp)["ckpt"]
+    assert "Setting global step to 1" in log_b and "restored capability state" in log_b
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert "Training Progress: 100%" in log_b or "step:2 " in log_b
+
+
+def test_capability_state_and_dataloader_position_survive_the_kill(resumed_run):
+    tmp, _ = resumed_run
+    state = json.loads((run_dirs(tmp)["ckpt"] / "global_step_2" / "seal_capability_state.json").read_text())["state"]
+    # 2 rollouts per step x 2 steps: step 1's observations came back from the checkpoint
+    assert state["observe_count"] == 4
+    # the dataloader resumed its position: step 2 trained the task step 1 had not (batch 1, one epoch)
+    assert set(state["tasks"]) == TRAIN_TASKS
+    assert all(record["count"] == 2 for record in state["tasks"].values())
+
+
+def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_run):
+    tmp, log_b = resumed_run
+    d = run_dirs(tmp)
+    # validation before training (step 0, run A) and at the end (run B), per category plus the average
+    assert log_b.count("validation @ step") >= 2
+    for category in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"):
+        assert category in log_b
+    assert "val-core/average/reward/mean@1" in log_b
+    # SEAL metrics reached the logger (A-Patch, capability state, rollout)
+    for key in ("seal/apatch/mean_scale", "seal/state/observe_count", "seal/rollout/termination/", "actor/pg_loss"):
+        assert key in log_b, key
+    metrics_files = list((d["run"]).glob("metrics_*.jsonl"))
+    assert metrics_files and any(f.stat().st_size > 0 for f in metrics_files)
+    assert any((d["run"] / "tensorboard").iterdir())
+    # per-epoch diagnostic dump and the persisted capability state
+    dump = json.loads((d["run"] / "diagnostic_stats" / "epoch_0.json").read_text())
+    assert dump["epoch"] == 0 and dump["tags"] and dump["dynamic_tag_weights"]
+    assert (d["run"] / "diagnostic_state" / "seal_capability_state.json").exists()
+    assert (d["run"] / "diagnostic_stats" / "tag_weights.png").stat().st_size > 1000
+    # best checkpoint recorded and exported to Hugging Face format
+    best = json.loads((d["ckpt"] / "best_checkpoint.json").read_text())
+    assert best["metric_name"] == "val-core/average/reward/mean@1"
+    hf_dir = Path(best["checkpoint_dir"]) / "huggingface"
+    assert (hf_dir / "config.json").exists() and any(hf_dir.glob("*.safetensors"))
+
+
+def test_environment_service_dying_mid_rollout_fails_episodes_cleanly(tmp_path):
+    """Kill the service during the first training rollout: episodes fail after bounded retries, are kept out
+    of the loss and counted, and the step still completes."""
+    port = free_port()
+    service = subprocess.Popen([sys.executable, "-m", "env_service", "serve", "--port", str(port)], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        from env_service.client import EnvClient
+
+        client = EnvClient(url, timeout_s=2, retries=0)
+        for _ in range(100):
+            try:
+                client.health()
+                break
+            except Exception:
+                time.sleep(0.3)
+        proc = launch(tmp_path, f"env_service.url={url}", "trainer.val_before_train=false", "trainer.test_freq=0",
+                      "trainer.total_training_steps=1", "seal.checkpoint.save_best=false", "trainer.save_freq=0",
+                      "seal.rollout.episode_retries=1", "env_service.retries=0", "env_service.timeout_s=5",
+                      log_name="fault.log")
+        # wait until the rollout has started talking to the service, then kill it
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and client.health().get("created", 0) < 1:
+            time.sleep(0.5)
+        service.kill()
+        rc = wait(proc, 900)
+        log = (tmp_path / "fault.log").read_text()
+        assert rc == 0, log[-6000:]
+        failed = [float(line.split("seal/rollout/failed_episodes:")[1].split()[0].strip("np.float64()"))
+                  for line in log.splitlines() if "seal/rollout/failed_episodes:" in line]
+        assert failed and failed[-1] >= 1
+        assert "actor/pg_loss" in log
+    finally:
+        if service.poll() is None:
+            service.kill()
