@@ -255,6 +255,25 @@ def _parse_processed(processed: str) -> ast.expr | str:
     return tree.body
 
 
+# Arguments that would make a backend compute for minutes or exhaust memory (MathAPI sets mpmath/decimal
+# precision from the call, and raises ints to int powers) — with every backend call under one lock, a single
+# hostile call would stall the whole service. bfcl has no such limit; the ground truth stays far below these.
+MAX_PRECISION = 1000
+MAX_INT_EXPONENT = 10_000
+
+
+def _resource_guard(owner: str, name: str, kwargs: dict) -> str | None:
+    if owner != "MathAPI":
+        return None
+    precision = kwargs.get("precision")
+    if name in ("logarithm", "square_root") and isinstance(precision, (int, float)) and precision > MAX_PRECISION:
+        return f"precision {precision} exceeds this environment's limit of {MAX_PRECISION}"
+    base, exponent = kwargs.get("base"), kwargs.get("exponent")
+    if name == "power" and isinstance(base, int) and isinstance(exponent, int) and abs(exponent) > MAX_INT_EXPONENT:
+        return f"exponent {exponent} exceeds this environment's limit of {MAX_INT_EXPONENT} for integer powers"
+    return None
+
+
 def _first_loaded_name(node: ast.expr) -> str | None:
     """The first name Python would look up when evaluating ``node`` (None if it loads no name).
 
@@ -406,6 +425,10 @@ class BackendSession:
             bad_float = _first_non_finite(value)
             if bad_float:
                 return f"{ERROR_PREFIX}name '{bad_float}' is not defined"
+
+        too_costly = _resource_guard(self._owners[name], name, kwargs)
+        if too_costly:
+            return f"{ERROR_PREFIX}{too_costly}"
 
         # eval would build fresh argument objects; never let a backend alias the caller's values.
         kwargs = copy.deepcopy(kwargs)

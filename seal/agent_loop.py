@@ -148,7 +148,7 @@ class BfclAgentLoop(AgentLoopBase):
             content = step["message"]["content"]
             if any(marker in content for marker in ERROR_MARKERS):
                 traj.env_errors.append(content[:ERROR_TEXT_CHARS])
-            await self._append_env_message(traj, content)
+            await self._append_env_message(traj, content, step["message"].get("role", "user"))
 
     async def _generate(self, traj: Trajectory, sampling_params: dict, metrics: dict) -> str:
         params = {**sampling_params, "max_tokens": self.max_tokens_per_call}
@@ -178,9 +178,11 @@ class BfclAgentLoop(AgentLoopBase):
         traj.messages.append({"role": "assistant", "content": text})
         return text
 
-    async def _append_env_message(self, traj: Trajectory, content: str) -> None:
+    async def _append_env_message(self, traj: Trajectory, content: str, env_role: str = "user") -> None:
         previous = list(traj.messages)
-        traj.messages.append({"role": "user", "content": self._clip_env_text(content)})
+        # tool_result_mode=ipython (Llama 3.1): chat templates render a `tool` message as the ipython turn
+        role = "tool" if env_role == "ipython" else "user"
+        traj.messages.append({"role": role, "content": self._clip_env_text(content)})
         merge, mask, logprobs = await self.ct_merge_context_msg(
             previous,
             traj.messages,

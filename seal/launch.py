@@ -213,6 +213,8 @@ def run_environment(config: DictConfig) -> dict[str, str]:
     from seal.cpu_platform import cpu_runtime_env
 
     env = cpu_runtime_env() if config.trainer.device == "cpu" else {}
+    # verl warns at every import about optional engines (megatron, torchtitan, ...) that seal does not use
+    env.setdefault("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine"))
     run_dir = Path(config.seal.diagnosis.dump_dir).parent.resolve()
     # verl's file and tensorboard loggers write relative to the cwd by default; keep them with the run
     env.setdefault("TENSORBOARD_DIR", os.environ.get("TENSORBOARD_DIR", str(run_dir / "tensorboard")))

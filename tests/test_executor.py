@@ -420,3 +420,23 @@ def test_production_code_never_evals():
             elif isinstance(func, ast.Attribute) and func.attr in forbidden:
                 # re.compile builds a regex; anything else named like this is suspicious
                 assert func.attr == "compile" and isinstance(func.value, ast.Name) and func.value.id == "re", (name, func.attr)
+
+
+def test_costly_math_arguments_are_refused_before_they_stall_the_service():
+    import time
+
+    from env_service.executor import BackendSession, ToolCall
+    from env_service.tasks import all_task_ids, load_task
+
+    math_task = next(load_task(t) for t in all_task_ids() if "MathAPI" in load_task(t).involved_classes)
+    with BackendSession(math_task) as session:
+        start = time.monotonic()
+        results = [
+            session.execute(ToolCall("logarithm", {"value": 10, "base": 2, "precision": 10**9})),
+            session.execute(ToolCall("square_root", {"number": 2, "precision": 10**9})),
+            session.execute(ToolCall("power", {"base": 10, "exponent": 10**9})),
+        ]
+        assert time.monotonic() - start < 1.0
+        assert all(r.startswith("Error during execution:") and "limit" in r for r in results), results
+        # ordinary values still compute exactly as bfcl does
+        assert session.execute(ToolCall("power", {"base": 2, "exponent": 10})) == '{"result": 1024}'
