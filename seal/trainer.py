@@ -46,7 +46,7 @@ class SealTrainer(RayPPOTrainer):
         # A new run never inherits another run's capability state; a resumed run restores it from its
         # checkpoint (``_load_checkpoint``), so the state always matches the weights it trained.
         state_path = os.path.join(seal.diagnosis.state_dir, STATE_FILE)
-        self.state = CapabilityState(run_id=self.config.trainer.experiment_name, path=state_path)
+        self.state = CapabilityState.open(state_path, run_id=self.config.trainer.experiment_name, resume=False)
         self.stats = DiagnosticStats(self.state, vocabulary=self.apatch_cfg.vocabulary)
         self.best = BestCheckpoint(self.config)
         self.epoch_in_window: int | None = None
