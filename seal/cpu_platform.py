@@ -22,8 +22,9 @@ What activation does, and why:
   build ``"cpu:gloo,{device}:{backend}"``, which on CPU becomes ``"cpu:gloo,cpu:gloo"`` and torch
   rejects the duplicate device type; plain ``"gloo"`` is what we need.
 
-:data:`CPU_OVERRIDES` and :func:`cpu_runtime_env` are the Hydra overrides / Ray env a CPU
-launch needs (see :func:`cpu_overrides`).
+:func:`cpu_runtime_env` is the Ray environment a CPU launch needs; the config side (device, fake GPU
+resource, fp32 FSDP2, sdpa, the ``hf`` rollout) lives in the recipe, ``exp/cpu_tiny.yaml``; the fix that FSDP2's
+CPU offload must not pin memory is applied at activation.
 """
 
 from __future__ import annotations
@@ -335,7 +336,7 @@ def _unpin_cpu_offload() -> None:
 
 # Env for every Ray worker. The trainer's workers inherit the driver's environment when the driver
 # starts the local Ray cluster, but an existing cluster (`ray start`) would not, so a launcher also
-# passes these through `ray_kwargs.ray_init.runtime_env.env_vars` (see cpu_overrides()).
+# passes these through `ray_kwargs.ray_init.runtime_env.env_vars` (seal.launch.run_environment).
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
     # Belt and braces for the entry point: verl also imports modules named here, so the
@@ -344,57 +345,6 @@ CPU_ENV = {
     # HF tokenizers' thread pool on a 2-core box shared by ~6 processes only adds contention.
     "TOKENIZERS_PARALLELISM": "false",
 }
-
-# Hydra overrides (on top of verl's `ppo_trainer` config) that make the legacy trainer run on
-# CPU. Keys that are not in verl's schema use `++` (add, or override if a recipe already set them).
-CPU_OVERRIDES = [
-    # the legacy RayPPOTrainer (v1 needs TransferQueue) on device "cpu"
-    "trainer.use_v1=false",
-    "trainer.device=cpu",
-    "trainer.nnodes=1",
-    "trainer.n_gpus_per_node=1",
-    # a fake logical GPU per trainer worker (see PlatformCPU.ray_resource_name); Ray's CPU count is
-    # logical too and must cover the placement bundles (3 CPUs per worker) plus the TaskRunner,
-    # agent-loop, reward and rollout-server actors
-    "++ray_kwargs.ray_init.num_gpus=1",
-    "ray_kwargs.ray_init.num_cpus=8",
-    "++ray_kwargs.ray_init.include_dashboard=false",
-    # model: sdpa attention (flash-attn is not installed), no torch.compile
-    "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-    # FSDP2 in fp32: FSDP1 needs GPU params for sync_module_states; bf16 is slow and lossy on CPU.
-    # (actor.strategy is copied into the engine config by FSDPActorConfig.__post_init__.)
-    # model_dtype fp32 and the naive checkpoint engine are verl's defaults, but GPU recipes change
-    # them (bf16, nccl), and these overrides are applied on top of recipes.
-    "actor_rollout_ref.actor.strategy=fsdp2",
-    "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
-    "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
-    "++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-    "++actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-    "actor_rollout_ref.actor.use_torch_compile=false",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-    "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
-    # rollout: our HF-generate backend, one replica per trainer worker, fp32, weights via naive sync
-    "actor_rollout_ref.rollout.name=hf",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-    "actor_rollout_ref.rollout.dtype=float32",
-    "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
-    "actor_rollout_ref.rollout.agent.num_workers=1",
-    # reward loop workers (each loads the tokenizer): one is plenty on 2 cores
-    "reward.num_workers=1",
-    # data loading in-process (8 loader processes by default)
-    "data.dataloader_num_workers=0",
-]
-
-
-def cpu_overrides(extra_env: dict[str, str] | None = None) -> list[str]:
-    """CPU_OVERRIDES plus the Ray runtime env (`cpu_runtime_env()`) as `++ray_kwargs...` overrides.
-
-    Put these before run-specific overrides (later Hydra overrides win)."""
-    env = cpu_runtime_env(extra_env)
-    env_overrides = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in env.items()]
-    return list(CPU_OVERRIDES) + env_overrides
-
 
 def cpu_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """Env vars every Ray worker of a CPU run needs (also to export in the driver before `import verl`)."""

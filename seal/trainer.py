@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -40,6 +41,9 @@ STATE_FILE = "seal_capability_state.json"
 class SealTrainer(RayPPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._init_seal()
+
+    def _init_seal(self) -> None:
         seal = self.config.seal
         self.diagnosis_enabled = bool(seal.diagnosis.enable)
         self.apatch_cfg = APatchConfig.from_dict(OmegaConf.to_container(seal.apatch, resolve=True))
@@ -54,7 +58,9 @@ class SealTrainer(RayPPOTrainer):
     # ---- the SEAL step ---------------------------------------------------------------------------
 
     def _update_actor(self, batch):
+        start = time.perf_counter()
         seal_metrics = self._seal_step(batch)
+        seal_metrics["timing_s/seal_step"] = time.perf_counter() - start  # verl times the update around it
         output = super()._update_actor(batch)
         output.meta_info["metrics"].update(seal_metrics)
         return output
@@ -64,8 +70,9 @@ class SealTrainer(RayPPOTrainer):
         trajectories = batch_trajectories(batch)
         metrics = rollout_metrics(trajectories)
         if self.diagnosis_enabled:
-            self._start_epoch_window(self._epoch_of(self.global_steps))
-            self.stats.observe_batch(trajectories, epoch=self._epoch_of(self.global_steps), global_step=self.global_steps)
+            epoch = self._epoch_of(self.global_steps)
+            self._start_epoch_window(epoch)
+            self.stats.observe_batch(trajectories, epoch=epoch, global_step=self.global_steps)
             metrics.update(self.stats.metrics())
         if self.apatch_cfg.enable:
             drive = vocabulary_field(self.apatch_cfg.vocabulary)
@@ -100,11 +107,12 @@ class SealTrainer(RayPPOTrainer):
         print(f"[seal] epoch {epoch} diagnostics: {path}; capability state: {self.state.path}")
 
     def _push_failure_profile(self) -> None:
-        from env_service.client import make_client
+        """Capability cues: the next rollouts' train-only guidelines follow this step's failure profile."""
+        from seal.agent_loop import env_client
 
         env = self.config.env_service
         try:
-            make_client(env.url, timeout_s=float(env.timeout_s), retries=int(env.retries)).set_profile(
+            env_client(env.url, float(env.timeout_s), int(env.retries)).set_profile(
                 self.state.failure_profile(per_category=bool(env.bfcl.capability_cues.per_category))
             )
         except Exception as exc:  # cues are an interface aid: a failed push must not stop training
@@ -117,7 +125,6 @@ class SealTrainer(RayPPOTrainer):
         if merged:
             return metrics
         metrics.update(category_average(metrics))
-        self.last_val_metrics = metrics
         print(validation_table(metrics, step=self.global_steps))
         metrics.update(self.best.observe(self, metrics))
         return metrics

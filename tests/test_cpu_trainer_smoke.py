@@ -1,9 +1,9 @@
 """End to end: verl's own RayPPOTrainer (legacy path) trains the tiny model on CPU.
 
-Goes through verl's normal entry (`run_ppo` + `main_ppo_v0.TaskRunner`) with a config composed
-by Hydra from verl's packaged `ppo_trainer` plus `seal.cpu_platform.cpu_overrides()`, i.e. what a
-launcher does: FSDP2 actor on gloo, the `hf` rollout server, verl's `single_turn_agent`, GRPO with
-n=2, validation before training, two steps, a checkpoint after each.
+Goes through verl's normal entry (`run_ppo` + verl's own `main_ppo_v0.TaskRunner`, not seal's) with the
+embedded CPU recipe (`exp/cpu_tiny.yaml`: FSDP2 actor and reference on gloo, the `hf` rollout server) on a toy
+single-turn task with verl's `single_turn_agent`: GRPO with n=2, validation before training, two steps, a
+checkpoint after each. It shows the CPU backend is a plain verl backend, independent of seal's trainer.
 """
 
 from __future__ import annotations
@@ -46,10 +46,8 @@ def _write_data(root: Path) -> Path:
     return path
 
 
-def _compose(model_dir: Path, data: Path, reward: Path, ckpt: Path, metrics: Path):
-    from hydra import compose, initialize_config_module
-
-    from seal.cpu_platform import cpu_overrides
+def _compose(model_dir: Path, data: Path, reward: Path, ckpt: Path):
+    from seal.launch import compose_recipe
 
     run = [
         f"actor_rollout_ref.model.path={model_dir}",
@@ -58,8 +56,7 @@ def _compose(model_dir: Path, data: Path, reward: Path, ckpt: Path, metrics: Pat
         "data.train_batch_size=4",
         "data.max_prompt_length=64",
         "data.max_response_length=16",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
@@ -73,13 +70,13 @@ def _compose(model_dir: Path, data: Path, reward: Path, ckpt: Path, metrics: Pat
         "trainer.save_freq=1",
         "trainer.resume_mode=disable",
         f"trainer.default_local_dir={ckpt}",
+        "trainer.rollout_data_dir=null",
+        "trainer.validation_data_dir=null",
         "trainer.project_name=seal_smoke",
         "trainer.experiment_name=cpu",
         "trainer.logger=[console,file]",
     ]
-    extra_env = {"VERL_FILE_LOGGER_PATH": str(metrics)}  # the "file" logger writes metrics JSONL here
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name="ppo_trainer", overrides=cpu_overrides(extra_env) + run)
+    return compose_recipe(str(REPO / "exp" / "cpu_tiny.yaml"), run)
 
 
 def _read_metrics(path: Path) -> dict[int, dict]:
@@ -97,7 +94,7 @@ def run_driver(workdir: Path) -> None:
     model_dir = build_tiny_model(TINY_DIR)
     reward = workdir / "reward.py"
     reward.write_text(REWARD_SOURCE)
-    config = _compose(model_dir, _write_data(workdir), reward, workdir / "ckpt", workdir / "metrics.jsonl")
+    config = _compose(model_dir, _write_data(workdir), reward, workdir / "ckpt")
 
     import ray
 
@@ -119,7 +116,8 @@ def test_ray_ppo_trainer_runs_on_cpu(tmp_path):
     # A fresh driver process, like a launcher: VERL_PLATFORM=cpu must be set before verl is
     # imported (the plugin registers the platform at import), and the run must not leak Ray or
     # platform state into this pytest process.
-    env = {**os.environ, **cpu_runtime_env(), "PYTHONUNBUFFERED": "1"}
+    metrics = {"VERL_FILE_LOGGER_PATH": str(tmp_path / "metrics.jsonl")}  # the "file" logger writes JSONL here
+    env = {**os.environ, **cpu_runtime_env(metrics), "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "driver.log"
     start = time.perf_counter()
     with log.open("w") as out:

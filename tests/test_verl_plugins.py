@@ -82,20 +82,27 @@ def test_cpu_platform_when_requested():
     assert out["tensor_device"] == "cpu"
 
 
-def test_cpu_overrides_compose_with_verl_config():
-    from hydra import compose, initialize_config_module
+def test_cpu_runtime_env_reaches_every_worker_and_keeps_user_modules(monkeypatch):
+    from seal.cpu_platform import CPU_ENV, cpu_runtime_env
 
-    from seal.cpu_platform import CPU_ENV, cpu_overrides
+    monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "my.module")
+    env = cpu_runtime_env({"EXTRA": "a,b"})
+    assert env["VERL_PLATFORM"] == CPU_ENV["VERL_PLATFORM"] == "cpu" and env["EXTRA"] == "a,b"
+    assert env["VERL_USE_EXTERNAL_MODULES"].split(",") == ["my.module", "seal.verl_plugins"]
+    assert int(env["OMP_NUM_THREADS"]) >= 1  # Ray would pin workers to one thread
 
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=cpu_overrides({"EXTRA": "a,b"}))
+
+def test_cpu_recipe_carries_the_cpu_settings():
+    from pathlib import Path
+
+    from seal.launch import compose_recipe
+
+    cfg = compose_recipe(str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml"))
     assert (cfg.trainer.device, cfg.trainer.use_v1, cfg.actor_rollout_ref.rollout.name) == ("cpu", False, "hf")
     assert cfg.ray_kwargs.ray_init.num_gpus == 1
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
-    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.VERL_PLATFORM == CPU_ENV["VERL_PLATFORM"] == "cpu" and env.EXTRA == "a,b"
-    assert "seal.verl_plugins" in env.VERL_USE_EXTERNAL_MODULES.split(",")
+    assert cfg.actor_rollout_ref.actor.strategy == cfg.actor_rollout_ref.ref.strategy == "fsdp2"
 
 
 @pytest.mark.parametrize("name", ["wake_up", "sleep", "abort_all_requests", "resume_generation", "clear_kv_cache",

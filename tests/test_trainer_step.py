@@ -1,0 +1,146 @@
+"""The SEAL part of a training step (``SealTrainer._seal_step``) on a batch shaped like the agent loop's output:
+diagnosis into the capability state, A-Patch on verl's advantages, failed episodes, epoch windows, cues push."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+from seal.agent_loop import env_client
+from seal.launch import compose_recipe
+from seal.trainer import SealTrainer, batch_trajectories
+
+REPO = Path(__file__).resolve().parents[1]
+WEIGHTS = {"spurious_tool_call": 2.0, "correct_abstention": 1.8, "empty_turn_model_response": 1.5,
+           "state_mismatch": 1.0, "response_mismatch": 0.9, "instance_mismatch": 0.6, "pass": 1.0}
+
+
+def make_trainer(tmp_path, *overrides, steps_per_epoch=2):
+    cfg = compose_recipe(str(REPO / "exp" / "cpu_tiny.yaml"), [
+        "env_service.url=inprocess", f"seal.diagnosis.state_dir={tmp_path}/state",
+        f"seal.diagnosis.dump_dir={tmp_path}/stats", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
+    OmegaConf.resolve(cfg)
+    trainer = SealTrainer.__new__(SealTrainer)  # the SEAL parts only: no Ray workers behind this trainer
+    trainer.config, trainer.train_dataloader, trainer.global_steps = cfg, [None] * steps_per_epoch, 1
+    trainer._init_seal()
+    return trainer
+
+
+def make_batch(rows, response_len=6):
+    """rows: (uid, reward, tags, labels, failed)."""
+    n = len(rows)
+    mask = torch.ones(n, response_len)
+    mask[:, -2:] = 0
+    scores = torch.zeros(n, response_len)
+    scores[:, 3] = torch.tensor([r[1] for r in rows], dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if row[4]:
+            mask[i] = 0
+    index = np.array([r[0] for r in rows], dtype=object)
+    advantages, _ = compute_grpo_outcome_advantage(scores, mask, index)
+    obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # noqa: E731 - keep lists as objects
+    return DataProto.from_dict(
+        tensors={"token_level_scores": scores, "response_mask": mask, "advantages": advantages.clone()},
+        non_tensors={
+            "uid": index,
+            "seal_task_id": np.array([f"multi_turn_base_{r[0]}" for r in rows], dtype=object),
+            "seal_category": np.array(["base"] * n, dtype=object),
+            "seal_tags": obj([r[2] for r in rows]),
+            "seal_labels": obj([r[3] for r in rows]),
+            "seal_env_errors": obj([[] for _ in rows]),
+            "seal_failed": np.array([r[4] for r in rows], dtype=object),
+            "seal_termination": np.array(["completed"] * n, dtype=object),
+            "seal_model_calls": np.array([3] * n, dtype=object),
+        },
+    ), advantages
+
+
+ROWS = [
+    ("0", 1.0, ["pass", "correct_abstention", "pass"], ["pass", "pass", "pass"], False),
+    ("0", 0.0, ["pass", "state_mismatch"], ["pass", "state_mismatch"], False),
+    ("1", 1.0, ["pass"], ["pass"], False),
+    ("1", 0.0, ["empty_turn_model_response"], ["missing_tool_call"], False),
+    ("1", 0.0, [], [], True),  # an episode the environment could not run
+]
+
+
+def test_static_apatch_scales_each_trajectory_by_its_mean_tag_weight(tmp_path):
+    trainer = make_trainer(tmp_path, "seal.apatch.dynamic.enable=false")
+    batch, grpo = make_batch(ROWS)
+    metrics = trainer._seal_step(batch)
+    for i, (_, _, tags, _, failed) in enumerate(ROWS):
+        scale = 1.0 if failed else min(2.0, max(0.5, sum(WEIGHTS[t] for t in tags) / len(tags)))
+        assert torch.allclose(batch.batch["advantages"][i], grpo[i] * scale)
+    assert metrics["seal/apatch/missing_tag_count"] == 1.0  # the failed episode carries no diagnosis
+    assert metrics["seal/rollout/failed_episodes"] == 1
+    assert torch.all(batch.batch["advantages"][4] == 0)  # and nothing of it enters the loss
+
+
+def test_dynamic_weights_follow_the_capability_state(tmp_path):
+    trainer = make_trainer(tmp_path)
+    batch, _ = make_batch(ROWS)
+    metrics = trainer._seal_step(batch)
+    assert trainer.state.observe_count == 4  # failed episodes are not observed
+    # state_mismatch failed in its only occurrence: its weight moves up from the static 1.0
+    assert metrics["seal/apatch/tag_weight/state_mismatch"] > 1.0
+    assert metrics["seal/state/observe_count"] == 4.0
+
+
+def test_paper_label_vocabulary_drives_apatch_when_selected(tmp_path):
+    trainer = make_trainer(tmp_path, "seal.apatch.vocabulary=paper_labels", "seal.apatch.dynamic.enable=false")
+    batch, grpo = make_batch(ROWS)
+    metrics = trainer._seal_step(batch)
+    assert "seal/apatch/tag_frac/missing_tool_call" in metrics
+    assert "seal/apatch/tag_frac/empty_turn_model_response" not in metrics
+    label_weight = trainer.apatch_cfg.label_weights["missing_tool_call"]
+    assert torch.allclose(batch.batch["advantages"][3], grpo[3] * min(2.0, max(0.5, label_weight)))
+
+
+def test_vanilla_recipe_leaves_verl_advantages_untouched(tmp_path):
+    trainer = make_trainer(tmp_path, "seal.diagnosis.enable=false", "seal.apatch.enable=false",
+                           "seal.apatch.dynamic.enable=false")
+    batch, grpo = make_batch(ROWS)
+    trainer._seal_step(batch)
+    assert torch.equal(batch.batch["advantages"], grpo)
+    assert trainer.state.observe_count == 0
+
+
+def test_epoch_change_dumps_and_resets_the_window(tmp_path):
+    trainer = make_trainer(tmp_path, steps_per_epoch=1)
+    trainer._seal_step(make_batch(ROWS)[0])
+    trainer.global_steps = 2  # first step of epoch 1
+    trainer._seal_step(make_batch(ROWS)[0])
+    dump = json.loads((tmp_path / "stats" / "epoch_0.json").read_text())
+    assert dump["epoch"] == 0 and dump["tags"]["state_mismatch"]["count"] == 1
+    saved = json.loads((tmp_path / "state" / "seal_capability_state.json").read_text())
+    assert saved["observe_count"] == 4  # saved at the epoch end, before epoch 1's batch
+
+
+def test_capability_cues_receive_the_failure_profile(tmp_path):
+    trainer = make_trainer(tmp_path, "env_service.bfcl.capability_cues.enable=true")
+    trainer._seal_step(make_batch(ROWS)[0])
+    profile = env_client("inprocess", 120.0, 3).get_profile()["profile"]
+    assert profile["tags"]["state_mismatch"]["count"] == 1
+
+
+def test_batch_trajectories_reads_the_agent_loop_fields():
+    batch, _ = make_batch(ROWS)
+    rows = batch_trajectories(batch)
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert rows[3]["labels"] == ["missing_tool_call"] and rows[4]["failed"] is True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_inprocess_env():
+    from seal import agent_loop
+
+    agent_loop._CLIENTS.clear()
+    yield
+    agent_loop._CLIENTS.clear()
