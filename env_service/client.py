@@ -92,8 +92,11 @@ class _ClientAPI:
         self._seq.advance(instance_id, seq)
         return result
 
-    def evaluate(self, instance_id: str, reward: dict | None = None) -> dict:
-        return self._call("evaluate", {"instance_id": instance_id, "reward": reward})
+    def evaluate(self, instance_id: str, reward: dict | None = None, release: bool = False) -> dict:
+        """The evaluation; ``release=True`` also ends the episode (one round trip for both)."""
+        if release:
+            self._seq.forget(instance_id)
+        return self._call("evaluate", {"instance_id": instance_id, "reward": reward, "release": release})
 
     def release(self, instance_id: str) -> bool:
         self._seq.forget(instance_id)
@@ -230,7 +233,7 @@ class InProcessEnvClient(_ClientAPI):
         handlers = {
             "create": lambda p: m.create(p["task_id"], p["mode"], p["params"], p["instance_id"]),
             "step": lambda p: m.step(p["instance_id"], p["content"], p["seq"]),
-            "evaluate": lambda p: m.evaluate(p["instance_id"], p["reward"]),
+            "evaluate": lambda p: m.evaluate(p["instance_id"], p["reward"], p["release"]),
             "release": lambda p: {"released": m.release(p["instance_id"])},
             "profile": lambda p: m.set_profile(p["profile"]),
         }

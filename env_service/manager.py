@@ -542,8 +542,12 @@ class EpisodeManager:
 
     # -- evaluate / release --------------------------------------------------------------------
 
-    def evaluate(self, instance_id: Any, reward: Any = None) -> dict:
-        """The episode's evaluation (verdict, reward, tags, ...); may be called more than once."""
+    def evaluate(self, instance_id: Any, reward: Any = None, release: bool = False) -> dict:
+        """The episode's evaluation (verdict, reward, tags, ...); may be called more than once.
+
+        ``release=True`` also releases the episode once evaluated: the usual end of an episode in one
+        round trip instead of two.
+        """
         reward_cfg = _reward_config(reward)
         slot = self._slot(instance_id)
         self._acquire(slot)
@@ -552,6 +556,8 @@ class EpisodeManager:
         finally:
             slot.lock.release()
         self._count("evaluations")
+        if release:
+            self.release(instance_id)
         return _json_safe(result)
 
     def release(self, instance_id: Any) -> bool:

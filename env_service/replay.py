@@ -180,7 +180,8 @@ def replay_task(client, task_id: str, mode: str = "validate", params: dict | Non
             if step["terminated"]:
                 result.terminated = True
                 break
-        evaluation = client.evaluate(instance_id)
+        evaluation = client.evaluate(instance_id, release=True)
+        instance_id = None  # released with the evaluation
         result.evaluation = evaluation
         result.passed = bool(evaluation.get("valid")) and result.terminated
         result.error_type = evaluation.get("error_type") or (None if result.terminated else "replay:not_terminated")

@@ -5,7 +5,7 @@ Endpoints (JSON bodies; responses are JSON; errors are ``{"error": code, "detail
 =================  ==========================================================  =====================
 ``POST /create``   ``{task_id, mode: "train"|"validate", params: {}, instance_id?}``  ``{instance_id, messages, info}``
 ``POST /step``     ``{instance_id, content, seq?}``                             ``{message, terminated, info}``
-``POST /evaluate`` ``{instance_id, reward?}``                                   the evaluation dict
+``POST /evaluate`` ``{instance_id, reward?, release?}``                         the evaluation dict
 ``POST /release``  ``{instance_id}``                                            ``{released: bool}``
 ``POST /profile``  ``{profile: {...}}``                                         ``{version}``
 ``GET /profile``                                                                ``{profile, version, updated_at}``
@@ -81,6 +81,7 @@ class StepRequest(_Body):
 class EvaluateRequest(_Body):
     instance_id: str
     reward: dict[str, Any] | None = None
+    release: bool = False  # release the episode once evaluated (saves the /release round trip)
 
 
 class ReleaseRequest(_Body):
@@ -282,7 +283,7 @@ def _install_routes(app: FastAPI, manager: EpisodeManager) -> None:
 
     @app.post("/evaluate", responses=errors)
     async def evaluate(body: EvaluateRequest, request: Request):
-        return await _run(request, manager.evaluate, body.instance_id, body.reward)
+        return await _run(request, manager.evaluate, body.instance_id, body.reward, body.release)
 
     @app.post("/release", responses=errors)
     async def release(body: ReleaseRequest, request: Request):

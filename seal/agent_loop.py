@@ -114,9 +114,10 @@ class BfclAgentLoop(AgentLoopBase):
         try:
             traj = await self._start(created["messages"])
             await self._interact(traj, instance_id, sampling_params, metrics)
-            evaluation = await self._env_call(self.env.evaluate, instance_id, self.reward_params)
-        finally:
-            await self._release_quietly(instance_id)
+            evaluation = await self._env_call(self.env.evaluate, instance_id, self.reward_params, True)
+        except BaseException:
+            await self._release_quietly(instance_id)  # evaluate releases on success; a failure must too
+            raise
         return self._output(task_id, created["info"], traj, evaluation, metrics)
 
     async def _start(self, messages: list[dict]) -> Trajectory:

@@ -85,6 +85,18 @@ def test_gt_episode_roundtrip_matches_episode(client):
     assert client.release(instance_id) is False
 
 
+def test_evaluate_can_release_the_episode_in_the_same_round_trip(client):
+    instance_id = client.create(TASK, "validate", {})["instance_id"]
+    live = client.health()["live"]
+    evaluation = client.evaluate(instance_id, release=True)
+    assert evaluation["valid"] is False and evaluation["error_type"] == "multi_turn:force_terminated"
+    assert client.health()["live"] == live - 1
+    with pytest.raises(EnvServiceError) as err:
+        client.step(instance_id, "hello")
+    assert err.value.status == 404
+    assert client.release(instance_id) is False
+
+
 def test_http_and_in_process_give_identical_answers(client):
     inproc = InProcessEnvClient()
     for mode in ("train", "validate"):
