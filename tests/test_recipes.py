@@ -239,3 +239,11 @@ def test_launcher_reports_bad_overrides_without_a_traceback(capsys):
     assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "--dry-run", "no.such.key=1"]) == 2
     err = capsys.readouterr().err
     assert "invalid configuration" in err and "no.such.key" in err and "Traceback" not in err
+
+
+def test_launcher_refuses_an_unreachable_environment_service(capsys):
+    from seal.launch import main
+
+    rc = main(["--conf", str(ROOT / "exp" / "cpu_tiny.yaml"), "env_service.url=http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "env_service.url 'http://127.0.0.1:9' is not reachable" in err and "Traceback" not in err
