@@ -125,7 +125,12 @@ class SealTrainer(RayPPOTrainer):
         if merged:
             return metrics
         metrics.update(category_average(metrics))
-        print(validation_table(metrics, step=self.global_steps))
+        table = validation_table(metrics, step=self.global_steps)
+        print(table)
+        run_dir = os.path.dirname(os.path.abspath(self.config.seal.diagnosis.dump_dir))
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "validation_table.txt"), "w") as f:  # the latest validation, per category
+            f.write(table + "\n")
         metrics.update(self.best.observe(self, metrics))
         return metrics
 

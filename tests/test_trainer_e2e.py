@@ -120,6 +120,8 @@ def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_
     for category in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"):
         assert category in log_b
     assert "val-core/average/reward/mean@1" in log_b
+    table = (d["run"] / "validation_table.txt").read_text()
+    assert table.startswith("validation @ step 2") and "multi_turn_long_context" in table and "average" in table
     # SEAL metrics reached the logger (A-Patch, capability state, rollout)
     for key in ("seal/apatch/mean_scale", "seal/state/observe_count", "seal/rollout/termination/", "actor/pg_loss"):
         assert key in log_b, key
