@@ -107,7 +107,7 @@ class DiagnosticStats:
                 self.errors.update(find_errors(str(text)))
 
     def record_weights(self, global_step: int, weights: Mapping[str, float]) -> None:
-        """Remember the weights A-Patch used at a step (for `plot_tag_weights`)."""
+        """Remember the weights A-Patch used at a step (for `plot_over_steps`)."""
         self.weight_history.append((int(global_step), {str(k): float(v) for k, v in weights.items()}))
 
     # ------------------------------------------------------------------ read-outs
@@ -181,11 +181,13 @@ class DiagnosticStats:
         self.state.reset_window()
 
 
-def plot_tag_weights(history: Sequence[Any] | Mapping[int, Mapping[str, float]], path: str,
-                     title: str = "A-Patch dynamic tag weights") -> str:
-    """PNG of each tag's weight over training steps. ``history`` is any of [(step, {tag: weight})],
-    {step: {tag: weight}} or [{"step": step, tag: weight, ...}]. Uses the Agg canvas directly, so no
-    global matplotlib backend is changed."""
+def plot_over_steps(history: Sequence[Any] | Mapping[int, Mapping[str, float]], path: str,
+                    title: str = "A-Patch dynamic tag weights", ylabel: str = "weight",
+                    reference: float | None = 1.0) -> str:
+    """PNG of each series over training steps (tag weights; validation accuracy per category). ``history`` is
+    any of [(step, {name: value})], {step: {name: value}} or [{"step": step, name: value, ...}]; ``reference``
+    draws a dashed horizontal line (None: none). Uses the Agg canvas directly, so no global matplotlib backend
+    is changed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -198,10 +200,11 @@ def plot_tag_weights(history: Sequence[Any] | Mapping[int, Mapping[str, float]],
     for tag in tags:
         points = [(step, w[tag]) for step, w in items if tag in w]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=tag)
-    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    if reference is not None:
+        ax.axhline(reference, color="grey", linewidth=0.8, linestyle="--")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
     ax.set_xlabel("global step")
-    ax.set_ylabel("weight")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     if tags:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))

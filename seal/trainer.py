@@ -30,8 +30,8 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState, atomic_write_json
-from seal.diagnostics import DiagnosticStats, plot_tag_weights
-from seal.validation import BestCheckpoint, category_average, validation_table
+from seal.diagnostics import DiagnosticStats, plot_over_steps
+from seal.validation import BestCheckpoint, category_accuracies, category_average, validation_table
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class SealTrainer(RayPPOTrainer):
         self.stats = DiagnosticStats(self.state, vocabulary=self.apatch_cfg.vocabulary)
         self.best = BestCheckpoint(self.config)
         self.epoch_in_window: int | None = None
+        self.validation_history: dict[int, dict[str, float]] = {}
 
     # ---- the SEAL step ---------------------------------------------------------------------------
 
@@ -127,12 +128,17 @@ class SealTrainer(RayPPOTrainer):
         metrics.update(category_average(metrics))
         table = validation_table(metrics, step=self.global_steps)
         print(table)
-        run_dir = os.path.dirname(os.path.abspath(self.config.seal.diagnosis.dump_dir))
-        os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "validation_table.txt"), "w") as f:  # the latest validation, per category
+        with open(os.path.join(self._run_dir(), "validation_table.txt"), "w") as f:  # the latest, per category
             f.write(table + "\n")
+        self.validation_history[self.global_steps] = category_accuracies(metrics)
         metrics.update(self.best.observe(self, metrics))
         return metrics
+
+    def _run_dir(self) -> str:
+        """experiments/<experiment_name>: where the diagnosis folders, tables and plots of the run live."""
+        path = os.path.dirname(os.path.abspath(self.config.seal.diagnosis.dump_dir))
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def _save_checkpoint(self):
         super()._save_checkpoint()
@@ -160,8 +166,12 @@ class SealTrainer(RayPPOTrainer):
             self._finalize_epoch(self.epoch_in_window)
         self.best.finish(self)
         if self.stats.weight_history:
-            plot = plot_tag_weights(self.stats.weight_history, os.path.join(self.config.seal.diagnosis.dump_dir, "tag_weights.png"))
+            plot = plot_over_steps(self.stats.weight_history, os.path.join(self.config.seal.diagnosis.dump_dir, "tag_weights.png"))
             print(f"[seal] A-Patch tag weights over training: {plot}")
+        if self.validation_history:
+            plot = plot_over_steps(self.validation_history, os.path.join(self._run_dir(), "validation_accuracy.png"),
+                                   title="held-out accuracy per category", ylabel="accuracy", reference=None)
+            print(f"[seal] validation accuracy over training: {plot}")
 
 
 # ---- batch views ---------------------------------------------------------------------------------

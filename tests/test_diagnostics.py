@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from seal.capability_state import CapabilityState
-from seal.diagnostics import DiagnosticStats, find_errors, infer_category, plot_tag_weights
+from seal.diagnostics import DiagnosticStats, find_errors, infer_category, plot_over_steps
 
 
 def traj(task_id, reward, tags, labels=None, env_texts=(), category=None, **extra):
@@ -127,16 +127,16 @@ def test_bad_vocabulary():
         DiagnosticStats(vocabulary="labels")
 
 
-def test_plot_tag_weights_png(tmp_path):
+def test_plot_over_steps_png(tmp_path):
     d = DiagnosticStats()
     for step in range(1, 6):
         d.record_weights(step, {"pass": 1.0, "spurious_tool_call": 2.0 - 0.1 * step, "new": 1.0 + 0.05 * step})
-    path = plot_tag_weights(d.weight_history, str(tmp_path / "plots" / "w.png"))
+    path = plot_over_steps(d.weight_history, str(tmp_path / "plots" / "w.png"))
     with open(path, "rb") as f:
         head = f.read(8)
     assert head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000
-    plot_tag_weights({1: {"pass": 1.0}}, str(tmp_path / "one.png"))
-    plot_tag_weights([], str(tmp_path / "empty.png"))
+    plot_over_steps({1: {"pass": 1.0}}, str(tmp_path / "one.png"))
+    plot_over_steps([], str(tmp_path / "empty.png"))
 
 
 def test_finalize_epoch_dumps_then_resets_then_saves(tmp_path):
@@ -160,5 +160,5 @@ def test_failed_episodes_are_not_observed(tmp_path):
 
 def test_plot_accepts_step_dict_history(tmp_path):
     history = [{"step": s, "pass": 1.0, "spurious_tool_call": 2.0 - 0.1 * s} for s in range(1, 4)]
-    path = plot_tag_weights(history, str(tmp_path / "w.png"))
+    path = plot_over_steps(history, str(tmp_path / "w.png"))
     assert Path(path).read_bytes()[:4] == b"\x89PNG"

@@ -133,6 +133,7 @@ def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_
     assert dump["epoch"] == 0 and dump["tags"] and dump["dynamic_tag_weights"]
     assert (d["run"] / "diagnostic_state" / "seal_capability_state.json").exists()
     assert (d["run"] / "diagnostic_stats" / "tag_weights.png").stat().st_size > 1000
+    assert (d["run"] / "validation_accuracy.png").stat().st_size > 1000
     # best checkpoint recorded and exported to Hugging Face format
     best = json.loads((d["ckpt"] / "best_checkpoint.json").read_text())
     assert best["metric_name"] == "val-core/average/reward/mean@1"
