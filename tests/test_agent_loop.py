@@ -22,10 +22,8 @@ from env_service.client import EnvServiceError  # noqa: E402
 from seal.agent_loop import BfclAgentLoop, TRUNCATION_MARKER  # noqa: E402
 from seal.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
-from seal.tiny_model import build_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
 TASK = "multi_turn_miss_func_121"  # a short-schema train task (see scripts/make_split.py)
 
 
@@ -40,18 +38,6 @@ class RecordingServer:
         out = await self.server.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, request_id=request_id)
         self.generations.append(list(out.token_ids))
         return out
-
-
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    return build_tiny_model(TINY_DIR)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
 
 
 def make_config(**overrides):

@@ -110,7 +110,7 @@ def _structural_payloads() -> list[str]:
         f"[(lambda: {CODE[0]})()]", f"[cd(folder=f\"{{{CODE[0]}}}\")]", f"[cd(**{{'folder': {CODE[1]}}})]",
         f"[cd(*[{CODE[0]}])]", f"[cd(folder=[x for x in [{CODE[0]}]])]", "[" * 10_000, "[" + "(" * 5000 + "]",
         f"[cd(folder='a' + {CODE[0]})]", f"[cd(folder=1 if {CODE[0]} else 2)]", "[cd(folder=__debug__)]",
-        f"[cd(folder={{'a': {CODE[0]}}})]", "[ls()] " * 3000, f"[cd(folder=b'x')]", "[cd(folder=...)]",
+        f"[cd(folder={{'a': {CODE[0]}}})]", "[ls()] " * 3000, "[cd(folder=b'x')]", "[cd(folder=...)]",
         f"[__import__('os').system('touch {CANARY_FILE}')]",
     ]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,16 +11,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from seal.hf_rollout import HFRolloutServer, HFServerConfig, drain_named_tensors  # noqa: E402
-from seal.tiny_model import build_tiny_model  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
 CONFIG = HFServerConfig(prompt_length=64, response_length=12, seed=0)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    return build_tiny_model(TINY_DIR)
 
 
 @pytest.fixture(scope="module")

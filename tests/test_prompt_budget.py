@@ -6,10 +6,7 @@ The agent loop refuses an over-long first prompt instead of truncating it, so a 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -17,16 +14,11 @@ from env_service.config import EnvConfig  # noqa: E402
 from env_service.episode import Episode  # noqa: E402
 from env_service.tasks import load_task, task_ids  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
-from seal.tiny_model import build_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
 
 
-def test_all_800_prompts_fit_the_seal_recipe_budget():
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(TINY_DIR))
+def test_all_800_prompts_fit_the_seal_recipe_budget(tokenizer):
     recipe = compose_recipe(str(REPO / "exp" / "SEAL_interface_evolution.yaml"))
     budget = int(recipe.actor_rollout_ref.rollout.prompt_length)
     env = EnvConfig.from_dict(OmegaConf.to_container(recipe.env_service.bfcl, resolve=True))

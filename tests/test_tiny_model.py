@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,20 +17,6 @@ from seal.tiny_model import (  # noqa: E402
     state_dict_hash,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    return build_tiny_model(TINY_DIR)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
 
 
 def test_special_token_ids_match_qwen25(tokenizer):

@@ -1,0 +1,27 @@
+"""Shared fixtures: the offline tiny Qwen model (built once, cached in .cache/tiny-qwen) and its tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    from seal.tiny_model import build_tiny_model
+
+    return build_tiny_model(TINY_DIR)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
