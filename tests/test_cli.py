@@ -99,6 +99,18 @@ def test_score_gt_valid_and_emptied_turn_invalid(tmp_path):
     assert rows[0]["id"] == "multi_turn_base_0" and rows[1]["tags"][1] == "empty_turn_model_response"
 
 
+def test_score_passes_all_800_ground_truth_trajectories(tmp_path):
+    from env_service.tasks import all_task_ids
+
+    ids = all_task_ids()
+    source, out = tmp_path / "gt.jsonl", tmp_path / "scored.jsonl"
+    source.write_text("".join(json.dumps(gt_record(task_id)) + "\n" for task_id in ids))
+    assert main(["score", "--input", str(source), "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(ids) == 800 and [r["id"] for r in rows] == ids
+    assert all(r["valid"] and r["progress"] == 1.0 for r in rows)
+
+
 def test_score_writes_stdout_by_default(tmp_path, capsys):
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps(gt_record("multi_turn_long_context_3")) + "\n")
