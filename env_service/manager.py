@@ -298,7 +298,6 @@ class EpisodeManager:
         self._profile_version = 0
         self._profile_updated: float | None = None
         self._known_tasks: frozenset[str] | None = None
-        self._warm_lock = threading.Lock()
         self._counts = {
             "created": 0,
             "released": 0,
@@ -316,19 +315,12 @@ class EpisodeManager:
             self._counts[key] += n
 
     def warm_up(self) -> None:
-        """Load the task table once, before concurrent requests need it.
-
-        ``tasks`` caches its table with ``lru_cache``, which does not stop concurrent first callers
-        from each building it: 32 simultaneous first creates once took a fresh service to 1.7 GB RSS.
-        The service calls this at startup; ``create`` calls it too (the lock makes latecomers wait).
-        """
-        if self._known_tasks is not None:
-            return
-        with self._warm_lock:
-            if self._known_tasks is None:
-                ids = tasks_mod.task_ids("all")
-                tasks_mod.load_task(ids[0])  # builds and caches every task
-                self._known_tasks = frozenset(ids)
+        """Load the task table (once per process; ``tasks`` serialises concurrent first loads) so the first
+        requests do not pay for it. The service calls this at startup; ``create`` calls it too."""
+        if self._known_tasks is None:
+            ids = tasks_mod.task_ids("all")
+            tasks_mod.load_task(ids[0])  # builds and caches every task
+            self._known_tasks = frozenset(ids)
 
     def _task_ids(self) -> frozenset[str]:
         self.warm_up()

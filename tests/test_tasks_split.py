@@ -216,3 +216,16 @@ def test_bfcl_writes_only_under_the_scratch_root():
 
     assert eval_config.PROJECT_ROOT == Path(os.environ["BFCL_PROJECT_ROOT"])
     assert "site-packages" not in str(eval_config.PROJECT_ROOT)
+
+
+def test_concurrent_first_loads_build_the_task_table_once():
+    """A fresh service hit by many creates at once must parse the 800 tasks once, not once per request."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from env_service import tasks
+
+    tasks._build_all_tasks.cache_clear()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        loaded = list(pool.map(tasks.load_task, tasks.task_ids("train")[:16]))
+    assert len(loaded) == 16
+    assert tasks._build_all_tasks.cache_info().misses == 1
