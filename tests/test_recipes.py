@@ -225,6 +225,14 @@ def test_preflight_names_every_problem_of_a_gpu_recipe_on_this_cpu_machine(tmp_p
     assert "exceeds max_model_len (1000)" in message
 
 
+def test_preflight_refuses_switches_that_would_silently_do_nothing_or_harm():
+    cfg = compose_recipe(str(ROOT / "exp" / "SEAL.yaml"), ["seal.reward.cap_decay=true", "+trainer.max_actor_ckpt_to_keep=2"])
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg)
+    assert "seal.reward.cap_decay" in str(err.value)
+    assert "max_actor_ckpt_to_keep would rotate out the best checkpoint" in str(err.value)
+
+
 def test_preflight_rejects_batches_that_cannot_split():
     cfg = compose_recipe(str(ROOT / "exp" / "SEAL.yaml"), ["actor_rollout_ref.rollout.n=1", "data.train_batch_size=30"])
     with pytest.raises(PreflightError) as err:
