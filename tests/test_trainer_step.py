@@ -144,3 +144,15 @@ def _fresh_inprocess_env():
     agent_loop._CLIENTS.clear()
     yield
     agent_loop._CLIENTS.clear()
+
+
+def test_budget_knob_from_the_recipe_reaches_apatch(tmp_path):
+    trainer = make_trainer(tmp_path, "seal.apatch.dynamic.enable=false", "seal.apatch.budget.enable=true",
+                           "seal.apatch.budget.strength=0.5")
+    batch, grpo = make_batch(ROWS)
+    trainer._seal_step(batch)
+    for i in (0, 3):  # static scales 1.267 and 1.5 -> pulled halfway to 1
+        tags = ROWS[i][2]
+        static = sum(WEIGHTS[t] for t in tags) / len(tags)
+        assert static != 1.0 and not torch.all(grpo[i] == 0)
+        assert torch.allclose(batch.batch["advantages"][i], grpo[i] * (1 + 0.5 * (static - 1)))
