@@ -97,7 +97,10 @@ def _check_data(config, problems):
         files = config.data[key]
         for f in [files] if isinstance(files, str) else list(files):
             if not Path(f).exists():
-                problems.append(f"data.{key}: {f!r} not found (run `python scripts/make_split.py` to regenerate)")
+                problems.append(
+                    f"data.{key}: {f!r} not found from {os.getcwd()} (relative paths are taken from the current "
+                    "directory: launch from the repository root, or regenerate with `python scripts/make_split.py`)"
+                )
 
 
 def _check_lengths(config, problems):
