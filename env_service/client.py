@@ -254,16 +254,17 @@ class InProcessEnvClient(_ClientAPI):
             raise EnvServiceError(error.status, error.message, error.code) from None
 
 
-def make_client(url_or_none: str | None = None, **kwargs) -> _ClientAPI:
+def make_client(url_or_none: str | None = None, manager=None, **http_options) -> _ClientAPI:
     """``None`` / ``""`` / ``"inprocess"`` -> :class:`InProcessEnvClient`, else :class:`EnvClient`.
 
-    kwargs go to the chosen class (``manager=`` in-process; ``timeout_s=`` etc. over HTTP).
+    ``manager`` is for the in-process client; ``http_options`` (``timeout_s=``, ``retries=``, ...) configure
+    the HTTP transport and mean nothing in-process, so callers can pass them whatever the URL.
     """
     if url_or_none in (None, "", "inprocess", "in-process", "local"):
-        return InProcessEnvClient(**kwargs)
+        return InProcessEnvClient(manager)
     if not str(url_or_none).startswith(("http://", "https://")):
         raise ValueError(f"env service url must start with http:// or https://, got {url_or_none!r}")
-    return EnvClient(str(url_or_none), **kwargs)
+    return EnvClient(str(url_or_none), **http_options)
 
 
 __all__ = ["EnvClient", "EnvServiceError", "InProcessEnvClient", "make_client"]

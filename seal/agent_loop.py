@@ -47,8 +47,7 @@ def env_client(url: str, timeout_s: float, retries: int):
     """One HTTP client per worker process and URL: keeps the connection pool warm across trajectories."""
     key = (url, timeout_s, retries)
     if key not in _CLIENTS:
-        over_http = str(url).startswith(("http://", "https://"))
-        _CLIENTS[key] = make_client(url, timeout_s=timeout_s, retries=retries) if over_http else make_client(url)
+        _CLIENTS[key] = make_client(url, timeout_s=timeout_s, retries=retries)
     return _CLIENTS[key]
 
 
