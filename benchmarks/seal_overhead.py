@@ -51,8 +51,7 @@ def run_recipe(name: str, switches: list[str], steps: int, work: Path) -> dict[s
         sys.executable, str(REPO / "launcher.py"), "--conf", str(REPO / "exp" / "cpu_tiny.yaml"),
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=100", "trainer.val_before_train=false",
         "trainer.test_freq=0", "trainer.save_freq=0", "seal.checkpoint.save_best=false",
-        f"trainer.default_local_dir={out}/ckpt", f"seal.diagnosis.state_dir={out}/state",
-        f"seal.diagnosis.dump_dir={out}/stats", f"trainer.rollout_data_dir={out}/rollouts",
+        f"trainer.default_local_dir={out}/ckpt", f"seal.run_dir={out}",
         f"env_service.port={free_port()}", *switches,
     ]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_path)}

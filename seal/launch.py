@@ -167,7 +167,7 @@ def environment_service(config: DictConfig):
         yield env.url
         return
     url = f"http://{env.host}:{env.port}"
-    log_path = Path(config.seal.diagnosis.dump_dir).parent / "env_service.log"
+    log_path = Path(config.seal.run_dir) / "env_service.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         proc = subprocess.Popen(
@@ -224,13 +224,12 @@ def run_environment(config: DictConfig) -> dict[str, str]:
 
     env = cpu_runtime_env() if config.trainer.device == "cpu" else {}
     # verl warns at every import about optional engines (megatron, torchtitan, ...) that seal does not use
-    env.setdefault("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine"))
-    run_dir = Path(config.seal.diagnosis.dump_dir).parent.resolve()
+    env["PYTHONWARNINGS"] = os.environ.get("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine")
+    run_dir = Path(config.seal.run_dir).resolve()
     # verl's file and tensorboard loggers write relative to the cwd by default; keep them with the run
-    env.setdefault("TENSORBOARD_DIR", os.environ.get("TENSORBOARD_DIR", str(run_dir / "tensorboard")))
-    env.setdefault(
-        "VERL_FILE_LOGGER_PATH",
-        os.environ.get("VERL_FILE_LOGGER_PATH", str(run_dir / f"metrics_{time.strftime('%Y%m%d-%H%M%S')}.jsonl")),
+    env["TENSORBOARD_DIR"] = os.environ.get("TENSORBOARD_DIR", str(run_dir / "tensorboard"))
+    env["VERL_FILE_LOGGER_PATH"] = os.environ.get(
+        "VERL_FILE_LOGGER_PATH", str(run_dir / f"metrics_{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     )
     return env
 

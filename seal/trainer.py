@@ -135,23 +135,24 @@ class SealTrainer(RayPPOTrainer):
         return metrics
 
     def _run_dir(self) -> str:
-        """experiments/<experiment_name>: where the diagnosis folders, tables and plots of the run live."""
-        path = os.path.dirname(os.path.abspath(self.config.seal.diagnosis.dump_dir))
-        os.makedirs(path, exist_ok=True)
-        return path
+        """``seal.run_dir``: where the tables and plots of the run live (created on first use)."""
+        os.makedirs(self.config.seal.run_dir, exist_ok=True)
+        return self.config.seal.run_dir
+
+    def _checkpoint_state_path(self) -> str:
+        return os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}", STATE_FILE)
 
     def _save_checkpoint(self):
         super()._save_checkpoint()
-        step_dir = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         atomic_write_json(
-            os.path.join(step_dir, STATE_FILE),
+            self._checkpoint_state_path(),
             {"state": self.state.state_dict(), "epoch_in_window": self.epoch_in_window},
         )
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
         if self.global_steps > 0:  # resumed: the capability state continues exactly where the run stopped
-            path = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}", STATE_FILE)
+            path = self._checkpoint_state_path()
             if os.path.exists(path):
                 with open(path) as f:
                     saved = json.load(f)

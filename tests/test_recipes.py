@@ -143,7 +143,7 @@ ABLATIONS = {
     "wo_closed_loop": {"seal.apatch.dynamic.enable": False},
 }
 NAME_DERIVED = ("trainer.experiment_name", "actor_rollout_ref.rollout.trace.experiment_name", "trainer.default_local_dir", "trainer.rollout_data_dir",
-                "trainer.validation_data_dir", "seal.diagnosis.state_dir", "seal.diagnosis.dump_dir")
+                "trainer.validation_data_dir", "seal.run_dir", "seal.diagnosis.state_dir", "seal.diagnosis.dump_dir")
 
 
 def flatten(cfg, prefix=""):

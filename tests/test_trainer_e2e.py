@@ -39,10 +39,7 @@ def launcher_cmd(tmp: Path, *extra: str) -> list[str]:
     return [
         sys.executable, str(REPO / "launcher.py"), "--conf", str(REPO / "exp" / "cpu_tiny.yaml"),
         f"trainer.default_local_dir={d['ckpt']}",
-        f"seal.diagnosis.state_dir={d['run']}/diagnostic_state",
-        f"seal.diagnosis.dump_dir={d['run']}/diagnostic_stats",
-        f"trainer.rollout_data_dir={d['run']}/rollout_log",
-        f"trainer.validation_data_dir={d['run']}/validation_log",
+        f"seal.run_dir={d['run']}",  # diagnosis, logs, tables and plots all follow it
         f"env_service.port={free_port()}",
         *extra,
     ]

@@ -24,7 +24,7 @@ WEIGHTS = {"spurious_tool_call": 2.0, "correct_abstention": 1.8, "empty_turn_mod
 
 def make_trainer(tmp_path, *overrides, steps_per_epoch=2):
     cfg = compose_recipe(str(REPO / "exp" / "cpu_tiny.yaml"), [
-        "env_service.url=inprocess", f"seal.diagnosis.state_dir={tmp_path}/state",
+        "env_service.url=inprocess", f"seal.run_dir={tmp_path}", f"seal.diagnosis.state_dir={tmp_path}/state",
         f"seal.diagnosis.dump_dir={tmp_path}/stats", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
     OmegaConf.resolve(cfg)
     trainer = SealTrainer.__new__(SealTrainer)  # the SEAL parts only: no Ray workers behind this trainer
