@@ -63,6 +63,8 @@ class Trajectory:
     env_errors: list[str] = field(default_factory=list)
     model_calls: int = 0
     termination: str = "completed"
+    # One id for every turn: verl's load balancer keeps an id on one server, whose prefix cache holds the context.
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def response_len(self) -> int:
@@ -154,7 +156,7 @@ class BfclAgentLoop(AgentLoopBase):
         params = {**sampling_params, "max_tokens": self.max_tokens_per_call}
         with _timer(metrics, "generate_sequences"):
             output = await self.server_manager.generate(
-                request_id=uuid.uuid4().hex, prompt_ids=traj.token_ids, sampling_params=params
+                request_id=traj.request_id, prompt_ids=traj.token_ids, sampling_params=params
             )
         traj.model_calls += 1
         generated = list(output.token_ids)
