@@ -5,16 +5,22 @@ One trajectory = one episode on the environment service:
 
     create episode (train or validate mode) → [generate → env.step]* → evaluate → release
 
-Token discipline (SPEC A5.5, field-pitfalls #1–#10):
+Token discipline:
 - the model's turns are the token ids the generation server returned, never re-tokenised text;
 - environment messages are appended as chat-template deltas (verl's Continuous Token builder) with mask 0;
-- a generation cut by the length limit is closed with an ``<|im_end|>`` that is *inserted* (mask 0), so the
-  context stays well-formed and no token the model did not generate is ever trained on.
+- a generation cut by the length limit is closed with the end-of-turn token (``seal.rollout.end_of_turn_token``)
+  *inserted* with mask 0, so the context stays well-formed and no token the model did not generate is trained on;
+- all turns of an episode carry one request id, so verl's load balancer keeps them on the server whose prefix
+  cache holds the context.
 
 At the end the service's verdict is the reward and the trajectory carries its diagnosis (category, progress
 tags, paper labels, number of model calls, termination reason) into the batch as ``seal_*`` extra fields.
 An episode whose service calls keep failing is retried ``seal.rollout.episode_retries`` times, then returned
-with an empty loss mask and ``seal_failed=True`` (SPEC A5.6), which the trainer counts.
+with an empty loss mask and ``seal_failed=True``; an episode that cannot start (a first prompt over
+``rollout.prompt_length``) is returned the same way at once. The trainer counts failed episodes and keeps them out
+of the GRPO statistics. Every trajectory — completed, length-cut, zero-call or failed — has the same extra-field
+keys and, when the rollout returns log-probs, log-probs: verl joins the agent-loop workers' chunks only if they
+agree.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from env_service.client import EnvServiceError, make_client
+from seal.env_failures import FAILED_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +48,10 @@ _CLIENTS: dict[tuple, Any] = {}
 
 class EpisodeFailed(RuntimeError):
     """The environment service could not run the episode (after retries)."""
+
+
+class PromptTooLong(EpisodeFailed):
+    """The first prompt does not fit ``rollout.prompt_length``: retrying cannot help."""
 
 
 def env_client(url: str, timeout_s: float, retries: int):
@@ -89,23 +100,25 @@ class BfclAgentLoop(AgentLoopBase):
         self.env_params = _to_container(env_cfg.bfcl)
         self.reward_params = _to_container(seal_cfg.reward)
         self.env = env_client(env_cfg.url, float(env_cfg.timeout_s), int(env_cfg.retries))
-        self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if self.eos_id is None or self.eos_id == self.tokenizer.unk_token_id:
-            self.eos_id = self.tokenizer.eos_token_id
+        self.eos_id = end_of_turn_id(self.tokenizer, seal_cfg.rollout.end_of_turn_token)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         extra = kwargs["extra_info"]
         task_id, mode = extra["task_id"], ("train" if extra.get("split") == "train" else "validate")
         metrics: dict[str, Any] = {}
+        want_logprobs = bool(sampling_params.get("logprobs"))
         last_error = None
         for attempt in range(self.episode_retries + 1):
             try:
                 return await self._run_episode(task_id, mode, sampling_params, metrics)
+            except PromptTooLong as exc:
+                logger.error("episode %s cannot start: %s", task_id, exc)
+                return self._failed_output(task_id, extra, str(exc), metrics, want_logprobs)
             except (EnvServiceError, EpisodeFailed, OSError) as exc:  # env side failed: retry the episode
                 last_error = exc
                 logger.warning("episode %s attempt %d/%d failed: %s", task_id, attempt + 1, self.episode_retries + 1, exc)
                 await asyncio.sleep(min(2.0**attempt, 8.0) * 0.25)
-        return self._failed_output(task_id, extra, str(last_error), metrics)
+        return self._failed_output(task_id, extra, str(last_error), metrics, want_logprobs)
 
     # ---- one episode -------------------------------------------------------------------------------
 
@@ -119,14 +132,14 @@ class BfclAgentLoop(AgentLoopBase):
         except BaseException:
             await self._release_quietly(instance_id)  # evaluate releases on success; a failure must too
             raise
-        return self._output(task_id, created["info"], traj, evaluation, metrics)
+        return self._output(task_id, created["info"], traj, evaluation, metrics, bool(sampling_params.get("logprobs")))
 
     async def _start(self, messages: list[dict]) -> Trajectory:
         prompt_ids = await self.loop.run_in_executor(
             None, lambda: self.continuous_token_builder.build_initial_tokens(messages)
         )
         if len(prompt_ids) > self.prompt_length:
-            raise ValueError(
+            raise PromptTooLong(
                 f"The first prompt has {len(prompt_ids)} tokens but rollout.prompt_length is {self.prompt_length}; "
                 "raise data.max_prompt_length (the BFCL tool schemas are long) instead of truncating the prompt."
             )
@@ -180,10 +193,9 @@ class BfclAgentLoop(AgentLoopBase):
         traj.messages.append({"role": "assistant", "content": text})
         return text
 
-    async def _append_env_message(self, traj: Trajectory, content: str, env_role: str = "user") -> None:
+    async def _append_env_message(self, traj: Trajectory, content: str, role: str = "user") -> None:
         previous = list(traj.messages)
-        # tool_result_mode=ipython (Llama 3.1): chat templates render a `tool` message as the ipython turn
-        role = "tool" if env_role == "ipython" else "user"
+        # The environment names the role (``ipython`` for Llama-3.1 tool results); the chat template renders it.
         traj.messages.append({"role": role, "content": self._clip_env_text(content)})
         merge, mask, logprobs = await self.ct_merge_context_msg(
             previous,
@@ -217,34 +229,36 @@ class BfclAgentLoop(AgentLoopBase):
 
     # ---- outputs -------------------------------------------------------------------------------------
 
-    def _output(self, task_id: str, info: dict, traj: Trajectory, evaluation: dict, metrics: dict) -> AgentLoopOutput:
+    def _output(self, task_id: str, info: dict, traj: Trajectory, evaluation: dict, metrics: dict,
+                want_logprobs: bool) -> AgentLoopOutput:
         response_ids = traj.token_ids[traj.prompt_len :][: self.response_length]
         fields = diagnosis_fields(task_id, info.get("category"), evaluation, traj.model_calls, traj.termination)
         fields["seal_env_errors"] = traj.env_errors
-        if traj.response_len > self.response_length:
-            fields["seal_response_truncated"] = True
+        fields["seal_response_truncated"] = traj.response_len > self.response_length
         return AgentLoopOutput(
             prompt_ids=traj.token_ids[: traj.prompt_len],
             response_ids=response_ids,
             response_mask=traj.response_mask[: self.response_length],
-            response_logprobs=traj.response_logprobs[: self.response_length] if traj.response_logprobs else None,
+            response_logprobs=_aligned_logprobs(traj.response_logprobs, len(response_ids)) if want_logprobs else None,
             reward_score=float(evaluation["reward"]),
             num_turns=traj.model_calls,
             metrics=AgentLoopMetrics(**metrics),
-            extra_fields={**fields, "reward_extra_info": {"progress": float(evaluation.get("progress", 0.0))}},
+            extra_fields={**fields, "reward_extra_info": reward_extra_info(float(evaluation.get("progress", 0.0)))},
         )
 
-    def _failed_output(self, task_id: str, extra: dict, error: str, metrics: dict) -> AgentLoopOutput:
+    def _failed_output(self, task_id: str, extra: dict, error: str, metrics: dict,
+                       want_logprobs: bool) -> AgentLoopOutput:
         fields = diagnosis_fields(task_id, extra.get("category"), None, 0, "env_error")
         fields.update(seal_failed=True, seal_error=error[:500])
         return AgentLoopOutput(
             prompt_ids=[self.eos_id],
             response_ids=[self.eos_id],
             response_mask=[0],  # nothing of a failed episode enters the loss
+            response_logprobs=[0.0] if want_logprobs else None,
             reward_score=0.0,
             num_turns=0,
             metrics=AgentLoopMetrics(**metrics),
-            extra_fields={**fields, "reward_extra_info": {"progress": 0.0}},
+            extra_fields={**fields, "reward_extra_info": reward_extra_info(0.0, failed=True)},
         )
 
 
@@ -260,8 +274,35 @@ def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None
         "seal_model_calls": calls,
         "seal_termination": termination,
         "seal_env_errors": [],
+        "seal_response_truncated": False,
         "seal_failed": False,
+        "seal_error": "",
     }
+
+
+def reward_extra_info(progress: float, failed: bool = False) -> dict:
+    """Per-sample values verl carries into validation metrics; the same keys for every trajectory."""
+    return {"progress": progress, FAILED_KEY: float(failed)}
+
+
+def end_of_turn_id(tokenizer, token: str) -> int:
+    """The id of the chat template's end-of-turn token (``<|im_end|>`` for Qwen, ``<|eot_id|>`` for Llama 3.1).
+
+    Not ``eos_token_id``: for a Llama-3.1 tokenizer that may be ``<|end_of_text|>``, which would make every
+    turn look length-cut.
+    """
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
+        raise ValueError(
+            f"seal.rollout.end_of_turn_token {token!r} is not a token of this tokenizer; set it to the token the "
+            "chat template ends an assistant turn with"
+        )
+    return token_id
+
+
+def _aligned_logprobs(logprobs: list[float], length: int) -> list[float]:
+    """Log-probs for exactly ``length`` response tokens (0 where nothing was sampled: prompts, env, inserted)."""
+    return (list(logprobs) + [0.0] * length)[:length]
 
 
 @contextlib.contextmanager

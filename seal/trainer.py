@@ -5,14 +5,16 @@ One training step (verl's ``fit`` drives it; this class adds the SEAL parts):
     1. rollout   — verl's agent loop runs ``seal_bfcl`` episodes against the environment service
                    (``seal/agent_loop.py``): 0/1 verdict as reward, per-turn diagnosis in ``seal_*`` fields;
     2. verify    — the service's official BFCL verdict is the reward (``rm_scores`` from the agent loop);
-    3. advantage — verl's GRPO (``algorithm.adv_estimator: grpo``), unchanged;
+    3. advantage — verl's GRPO (``algorithm.adv_estimator: grpo``); episodes the environment could not run are
+                   taken out of their group's statistics (``seal/env_failures.py``);
     4. diagnose  — ``_seal_step``: the batch's tags feed the capability state (closed loop: dynamic tag weights);
     5. A-Patch   — ``_seal_step``: each trajectory's advantage is scaled by clip(mean tag weight) (``seal/apatch.py``);
     6. update    — verl's actor update (FSDP2 engine), unchanged.
 
-Steps 4–5 run in ``_update_actor``: verl calls it right after the GRPO advantages are computed and before the
+Step 3's regrouping and steps 4–5 run in ``_update_actor``: verl calls it right after the GRPO advantages are computed and before the
 policy update, so overriding it (and nothing of ``fit``) places them exactly where the paper does.
-Around the step: best-checkpoint selection by the four-category average, capability state in checkpoints,
+Around the step: validation metrics over the episodes the environment could run (``_val_metrics_update``),
+best-checkpoint selection by the four-category average, capability state in checkpoints,
 per-epoch diagnostic dumps, the failure profile pushed to the environment service, HF export at the end.
 """
 
@@ -31,6 +33,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState, atomic_write_json
 from seal.diagnostics import DiagnosticStats, plot_over_steps
+from seal.env_failures import regroup_without_failed, split_validation_failures
 from seal.validation import BestCheckpoint, category_accuracies, category_average, validation_table
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,8 @@ class SealTrainer(RayPPOTrainer):
         """Diagnose → update the capability state → A-Patch, on the batch verl is about to train on."""
         trajectories = batch_trajectories(batch)
         metrics = rollout_metrics(trajectories)
+        if self.config.algorithm.adv_estimator == "grpo":  # failed episodes leave their group's statistics
+            regroup_without_failed(batch, bool(self.config.algorithm.norm_adv_by_std_in_grpo))
         if self.diagnosis_enabled:
             epoch = self._epoch_of(self.global_steps)
             self._start_epoch_window(epoch)
@@ -133,6 +138,14 @@ class SealTrainer(RayPPOTrainer):
         self.validation_history[self.global_steps] = category_accuracies(metrics)
         metrics.update(self.best.observe(self, metrics))
         return metrics
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns):
+        """verl's per-data-source metrics over the episodes the environment could run; failures reported apart."""
+        kept, failures = split_validation_failures(
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+            float(self.config.seal.validation.max_env_failure_share),
+        )
+        return {**super()._val_metrics_update(*kept), **failures}
 
     def _run_dir(self) -> str:
         """``seal.run_dir``: where the tables and plots of the run live (created on first use)."""

@@ -167,12 +167,46 @@ def test_context_budget_stops_the_episode(tiny_dir, tokenizer, rollout):
     assert out.extra_fields["seal_termination"] == "context_budget"
 
 
-def test_over_long_first_prompt_is_a_clear_error(tiny_dir, tokenizer):
-    config = make_config(**{"actor_rollout_ref.rollout.prompt_length": 512})
+def test_over_long_first_prompt_is_a_failed_episode_not_a_crash(tiny_dir, tokenizer, rollout):
+    config = make_config(**{"actor_rollout_ref.rollout.prompt_length": 512, "seal.rollout.episode_retries": 2})
     server = RecordingServer(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=256)))
-    with pytest.raises(ValueError, match="raise data.max_prompt_length"):
-        run_episode(config, tokenizer, server)
+    out = run_episode(config, tokenizer, server)
     assert server.generations == []
+    assert out.extra_fields["seal_failed"] is True
+    assert "raise data.max_prompt_length" in out.extra_fields["seal_error"]
+    assert sum(out.response_mask) == 0 and out.reward_score == 0.0
+    assert out.extra_fields["reward_extra_info"]["env_failed"] == 1.0
+    # verl joins the workers' chunks only when every trajectory has the same keys and log-probs
+    completed = rollout[2]
+    assert set(out.extra_fields) == set(completed.extra_fields)
+    assert set(out.extra_fields["reward_extra_info"]) == set(completed.extra_fields["reward_extra_info"])
+    assert out.response_logprobs is not None and len(out.response_logprobs) == len(out.response_ids)
+
+
+def test_every_trajectory_has_log_probs_for_each_response_token(rollout):
+    out = rollout[2]
+    assert out.response_logprobs is not None and len(out.response_logprobs) == len(out.response_ids)
+    trained = [lp for lp, m in zip(out.response_logprobs, out.response_mask) if m == 1]
+    assert all(lp <= 0.0 for lp in trained) and any(lp < 0.0 for lp in trained)
+
+
+def test_length_cut_and_zero_call_episodes_have_the_same_keys(tiny_dir, tokenizer, rollout):
+    """An episode stopped before its first generation (context budget) still has every key and log-probs."""
+    prompt_len = len(rollout[2].prompt_ids)
+    config = make_config(**{"actor_rollout_ref.rollout.max_model_len": prompt_len + 256})
+    server = RecordingServer(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=256)))
+    out = run_episode(config, tokenizer, server)
+    assert server.generations == [] and out.extra_fields["seal_termination"] == "context_budget"
+    assert set(out.extra_fields) == set(rollout[2].extra_fields)
+    assert out.response_logprobs is not None and len(out.response_logprobs) == len(out.response_ids)
+
+
+def test_unknown_end_of_turn_token_is_a_clear_error(tokenizer):
+    from seal.agent_loop import end_of_turn_id
+
+    assert end_of_turn_id(tokenizer, "<|im_end|>") == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with pytest.raises(ValueError, match="end_of_turn_token"):
+        end_of_turn_id(tokenizer, "<|eot_id|>")
 
 
 def test_long_environment_messages_are_clipped(tiny_dir, tokenizer):

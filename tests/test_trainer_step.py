@@ -44,10 +44,14 @@ def make_batch(rows, response_len=6):
         if row[4]:
             mask[i] = 0
     index = np.array([r[0] for r in rows], dtype=object)
-    advantages, _ = compute_grpo_outcome_advantage(scores, mask, index)
+    verl_advantages, _ = compute_grpo_outcome_advantage(scores, mask, index)  # what verl hands the trainer
+    # the reference: GRPO over the episodes the environment could run (a failed one is a group of its own)
+    alone = np.array([f"failed-{i}" if r[4] else r[0] for i, r in enumerate(rows)], dtype=object)
+    advantages, _ = compute_grpo_outcome_advantage(scores, mask, alone)
     obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # noqa: E731 - keep lists as objects
     return DataProto.from_dict(
-        tensors={"token_level_scores": scores, "response_mask": mask, "advantages": advantages.clone()},
+        tensors={"token_level_scores": scores, "token_level_rewards": scores, "response_mask": mask,
+                 "advantages": verl_advantages.clone()},
         non_tensors={
             "uid": index,
             "seal_task_id": np.array([f"multi_turn_base_{r[0]}" for r in rows], dtype=object),

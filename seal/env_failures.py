@@ -1,0 +1,82 @@
+"""Episodes the environment service could not run are not model failures.
+
+An episode that failed on the environment side (service down after retries, unknown task, a first prompt that
+does not fit) comes back from the agent loop with ``seal_failed=True``, reward 0 and an empty loss mask. Reward 0
+would still be wrong twice over:
+
+- in training it would enter its GRPO group's mean and standard deviation and shift every other member's
+  advantage; ``regroup_without_failed`` recomputes the group statistics as if the failed episode were absent;
+- in validation it would count as a wrong answer and could move the best checkpoint;
+  ``split_validation_failures`` takes such tasks out of the accuracy, reports them apart, and stops the run when
+  their share passes ``seal.validation.max_env_failure_share`` (a broken service must not look like a bad model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+#: ``reward_extra_info`` key the agent loop sets to 1.0 on a failed episode (it reaches validation per sample).
+FAILED_KEY = "env_failed"
+
+
+class TooManyEnvFailures(RuntimeError):
+    """More validation episodes failed on the environment side than the configured share allows."""
+
+
+def failed_mask(batch) -> np.ndarray:
+    return np.asarray(batch.non_tensor_batch["seal_failed"], dtype=bool)
+
+
+def regroup_without_failed(batch, norm_adv_by_std: bool) -> int:
+    """Recompute verl's GRPO advantages with every failed episode moved into a group of its own.
+
+    verl's ``compute_grpo_outcome_advantage`` is called exactly as verl calls it, only with a different group
+    index: a failed episode alone in its group gets advantage 0 (reward 0, mean 0), and the other members of its
+    original group get the statistics of the group without it. Groups without failures are unchanged.
+    Returns the number of failed episodes.
+    """
+    failed = failed_mask(batch)
+    if not failed.any():
+        return 0
+    index = np.array(batch.non_tensor_batch["uid"], dtype=object)
+    index[failed] = [f"seal-env-failed-{i}" for i in np.flatnonzero(failed)]
+    advantages, returns = compute_grpo_outcome_advantage(
+        token_level_rewards=batch.batch["token_level_rewards"],
+        response_mask=batch.batch["response_mask"],
+        index=index,
+        norm_adv_by_std_in_grpo=norm_adv_by_std,
+    )
+    batch.batch["advantages"] = advantages
+    batch.batch["returns"] = returns
+    return int(failed.sum())
+
+
+def split_validation_failures(data_sources, sample_uids, infos: dict, sample_turns: list, max_share: float):
+    """Drop validation samples that failed on the environment side; report them per data source.
+
+    Returns ``(data_sources, sample_uids, infos, sample_turns)`` without the failed samples (the arguments of
+    verl's ``_val_metrics_update``) and the ``val-aux/env_failed/*`` metrics. Raises ``TooManyEnvFailures``
+    when the failed share exceeds ``max_share``.
+    """
+    data_sources = np.asarray(data_sources)
+    flags = infos.get(FAILED_KEY) or [0.0] * len(data_sources)
+    failed = np.asarray(flags, dtype=float) > 0
+    metrics = {"val-aux/env_failed/count": int(failed.sum()), "val-aux/env_failed/share": float(failed.mean()) if len(failed) else 0.0}
+    for source in sorted(set(data_sources[failed].tolist())):
+        metrics[f"val-aux/env_failed/{source}/count"] = int((data_sources[failed] == source).sum())
+    if metrics["val-aux/env_failed/share"] > max_share:
+        raise TooManyEnvFailures(
+            f"{metrics['val-aux/env_failed/count']} of {len(failed)} validation episodes failed on the environment "
+            f"side (share {metrics['val-aux/env_failed/share']:.3f} > seal.validation.max_env_failure_share="
+            f"{max_share}); see the agent-loop warnings and the environment service log"
+        )
+    keep = ~failed
+    kept_infos = {k: [v for v, ok in zip(values, keep) if ok] for k, values in infos.items() if k != FAILED_KEY}
+    kept_uids = [u for u, ok in zip(sample_uids, keep) if ok]
+    kept_turns = [np.concatenate(sample_turns)[keep]] if sample_turns else []
+    return (data_sources[keep], kept_uids, kept_infos, kept_turns), metrics
+
+
+__all__ = ["FAILED_KEY", "TooManyEnvFailures", "failed_mask", "regroup_without_failed", "split_validation_failures"]

@@ -1,0 +1,82 @@
+"""Episodes the environment could not run stay out of GRPO statistics and out of validation accuracy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verl import DataProto
+
+from seal.env_failures import FAILED_KEY, TooManyEnvFailures, regroup_without_failed, split_validation_failures
+
+EPS = 1e-6
+
+
+def make_batch(rewards, uids, failed, length=3):
+    """Outcome rewards on the last response token, as verl's reward manager places them."""
+    scores = torch.zeros(len(rewards), length)
+    scores[:, -1] = torch.tensor(rewards, dtype=torch.float32)
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": torch.ones(len(rewards), length),
+                 "advantages": torch.full((len(rewards), length), 99.0)},
+        non_tensors={"uid": np.array(uids, dtype=object), "seal_failed": np.array(failed, dtype=object)},
+    )
+
+
+def grpo_by_hand(rewards):
+    """The GRPO formula written out: (r - mean) / (unbiased std + eps)."""
+    r = np.array(rewards, dtype=float)
+    return (r - r.mean()) / (r.std(ddof=1) + EPS)
+
+
+def test_failed_episode_is_left_out_of_its_group():
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    uids = ["a", "a", "a", "a", "b", "b"]
+    failed = [False, False, False, True, False, False]
+    batch = make_batch(rewards, uids, failed)
+    assert regroup_without_failed(batch, norm_adv_by_std=True) == 1
+    adv = batch.batch["advantages"][:, 0].numpy()
+    # group a as if the failed episode had never been there: three members, not four
+    np.testing.assert_allclose(adv[:3], grpo_by_hand(rewards[:3]), rtol=1e-5)
+    assert adv[3] == 0.0  # the failed episode carries no signal
+    np.testing.assert_allclose(adv[4:], grpo_by_hand(rewards[4:]), rtol=1e-5)  # other groups unchanged
+    # ... which differs from what the group with the failed reward-0 episode would give
+    assert not np.allclose(adv[:3], grpo_by_hand(rewards[:4])[:3])
+
+
+def test_without_std_normalisation_only_the_mean_is_removed():
+    batch = make_batch([1.0, 0.0, 0.0], ["a", "a", "a"], [False, False, True])
+    regroup_without_failed(batch, norm_adv_by_std=False)
+    np.testing.assert_allclose(batch.batch["advantages"][:, 0].numpy(), [0.5, -0.5, 0.0], atol=1e-6)
+
+
+def test_a_batch_without_failures_is_left_alone():
+    batch = make_batch([1.0, 0.0], ["a", "a"], [False, False])
+    assert regroup_without_failed(batch, norm_adv_by_std=True) == 0
+    assert torch.all(batch.batch["advantages"] == 99.0)
+
+
+def validation_inputs(failed_flags):
+    n = len(failed_flags)
+    sources = np.array(["multi_turn_base", "multi_turn_miss_func"] * (n // 2))
+    infos = {"reward": [0.0] * n, "progress": [0.5] * n, FAILED_KEY: [float(f) for f in failed_flags]}
+    return sources, [f"u{i}" for i in range(n)], infos, [np.arange(n)]
+
+
+def test_validation_drops_failed_samples_and_reports_them_apart():
+    sources, uids, infos, turns = validation_inputs([0, 1, 0, 0])
+    (kept_sources, kept_uids, kept_infos, kept_turns), metrics = split_validation_failures(
+        sources, uids, infos, turns, max_share=0.5)
+    assert list(kept_uids) == ["u0", "u2", "u3"]
+    assert list(kept_sources) == ["multi_turn_base", "multi_turn_base", "multi_turn_miss_func"]
+    assert FAILED_KEY not in kept_infos and kept_infos["reward"] == [0.0, 0.0, 0.0]
+    assert kept_turns[0].tolist() == [0, 2, 3]
+    assert metrics["val-aux/env_failed/count"] == 1 and metrics["val-aux/env_failed/share"] == 0.25
+    assert metrics["val-aux/env_failed/multi_turn_miss_func/count"] == 1
+
+
+def test_too_many_environment_failures_stop_the_run():
+    sources, uids, infos, turns = validation_inputs([1, 1, 0, 0])
+    with pytest.raises(TooManyEnvFailures, match="max_env_failure_share"):
+        split_validation_failures(sources, uids, infos, turns, max_share=0.25)
