@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import time
+import uuid
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -56,6 +57,8 @@ class SealTrainer(RayPPOTrainer):
         self.state = CapabilityState.open(state_path, run_id=self.config.trainer.experiment_name, resume=False)
         self.stats = DiagnosticStats(self.state, vocabulary=self.apatch_cfg.vocabulary)
         self.best = BestCheckpoint(self.config)
+        self.run_uid = uuid.uuid4().hex  # a resumed run takes its own back from the checkpoint
+        self.best.bind_run(self.run_uid)
         self.epoch_in_window: int | None = None
         self.validation_history: dict[int, dict[str, float]] = {}
 
@@ -159,8 +162,9 @@ class SealTrainer(RayPPOTrainer):
         super()._save_checkpoint()
         atomic_write_json(
             self._checkpoint_state_path(),
-            {"state": self.state.state_dict(), "epoch_in_window": self.epoch_in_window},
+            {"state": self.state.state_dict(), "epoch_in_window": self.epoch_in_window, "run_uid": self.run_uid},
         )
+        self.best.prune()
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
@@ -171,6 +175,8 @@ class SealTrainer(RayPPOTrainer):
                     saved = json.load(f)
                 self.state.load_state_dict(saved["state"])
                 self.epoch_in_window = saved["epoch_in_window"]
+                self.run_uid = saved.get("run_uid", self.run_uid)
+                self.best.bind_run(self.run_uid)
                 print(f"[seal] restored capability state from {path}")
         return result
 
@@ -178,7 +184,7 @@ class SealTrainer(RayPPOTrainer):
         super().fit()
         if self.diagnosis_enabled and self.epoch_in_window is not None:
             self._finalize_epoch(self.epoch_in_window)
-        self.best.finish(self)
+        self.best.finish()
         if self.stats.weight_history:
             plot = plot_over_steps(self.stats.weight_history, os.path.join(self.config.seal.diagnosis.dump_dir, "tag_weights.png"))
             print(f"[seal] A-Patch tag weights over training: {plot}")

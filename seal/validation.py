@@ -7,11 +7,14 @@ checkpoint by it (SPEC A5.4; upstream used ``multi_turn_base`` alone). The metri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+
+from seal.capability_state import atomic_write_json
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 AVERAGE_KEY = "val-core/average/reward/mean@1"
@@ -49,7 +52,14 @@ def validation_table(metrics: dict, step: int) -> str:
 
 
 class BestCheckpoint:
-    """Tracks the best validation metric; saves, records and finally exports the best checkpoint."""
+    """Tracks the best validation metric of *this run*; keeps its checkpoint and exports it at the end.
+
+    Disk: with ``keep_only_best`` every save prunes, so at most two checkpoints exist at any time — the current
+    best and the latest (the resume point). The record (``best_checkpoint.json``) names the run that wrote it
+    (``run_uid``, which travels in the run's checkpoints): a new run in the same directory does not inherit an
+    old run's best. The ``best`` link is replaced atomically, so a crash never leaves the run without one.
+    Step 0 (the untrained model) is only a candidate with ``seal.checkpoint.best_at_step0``.
+    """
 
     def __init__(self, config):
         ckpt = config.seal.checkpoint
@@ -60,15 +70,20 @@ class BestCheckpoint:
             raise ValueError(f"seal.checkpoint.best_mode must be 'max' or 'min', got {self.mode!r}")
         self.keep_only_best = bool(ckpt.keep_only_best)
         self.export_hf = bool(ckpt.export_hf)
+        self.at_step0 = bool(ckpt.best_at_step0)
         self.root = config.trainer.default_local_dir
         self.record_path = os.path.join(self.root, "best_checkpoint.json")
-        self.best = self._load_record()
+        self.run_uid: str | None = None
+        self.best: dict | None = None
 
-    def _load_record(self) -> dict | None:
+    def bind_run(self, run_uid: str) -> None:
+        """Adopt the record only if this run wrote it (a resumed run restores its ``run_uid`` first)."""
+        self.run_uid = run_uid
+        record = None
         if os.path.exists(self.record_path):
             with open(self.record_path) as f:
-                return json.load(f)
-        return None
+                record = json.load(f)
+        self.best = record if record and record.get("run_uid") == run_uid else None
 
     def _improves(self, value: float) -> bool:
         if self.best is None:
@@ -82,52 +97,55 @@ class BestCheckpoint:
             available = sorted(k for k in metrics if k.startswith("val-core"))
             raise KeyError(f"seal.checkpoint.best_metric {self.metric!r} is not a validation metric; available: {available}")
         value = float(metrics[self.metric])
-        saved = self._improves(value)
+        candidate = trainer.global_steps > 0 or self.at_step0
+        saved = candidate and self._improves(value)
         if saved:
             step_dir = os.path.join(self.root, f"global_step_{trainer.global_steps}")
             if not os.path.isdir(os.path.join(step_dir, "actor")):
                 trainer._save_checkpoint()
-            self.best = {"global_step": trainer.global_steps, "metric_name": self.metric,
-                         "metric_value": value, "checkpoint_dir": os.path.abspath(step_dir)}
+            self.best = {"global_step": trainer.global_steps, "metric_name": self.metric, "metric_value": value,
+                         "checkpoint_dir": os.path.abspath(step_dir), "run_uid": self.run_uid}
             self._write_record()
-        return {"best_checkpoint/saved": float(saved), "best_checkpoint/current_metric": value,
-                "best_checkpoint/best_metric": self.best["metric_value"], "best_checkpoint/best_step": self.best["global_step"]}
+            self.prune()
+        out = {"best_checkpoint/saved": float(saved), "best_checkpoint/current_metric": value}
+        if self.best is not None:
+            out.update({"best_checkpoint/best_metric": self.best["metric_value"],
+                        "best_checkpoint/best_step": self.best["global_step"]})
+        return out
 
     def _write_record(self) -> None:
-        os.makedirs(self.root, exist_ok=True)
-        tmp = self.record_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.best, f, indent=2)
-        os.replace(tmp, self.record_path)
+        atomic_write_json(self.record_path, self.best)
         link = os.path.join(self.root, "best")
-        if os.path.islink(link):
-            os.unlink(link)
-        os.symlink(os.path.basename(self.best["checkpoint_dir"]), link)
+        tmp = f"{link}.tmp-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.symlink(os.path.basename(self.best["checkpoint_dir"]), tmp)
+        os.replace(tmp, link)  # atomic: the old link stays valid until the new one takes its place
 
-    def finish(self, trainer) -> None:
-        """End of training: prune non-best checkpoints (keeping the latest for resume) and export the best to HF."""
-        if not self.enabled or self.best is None:
+    def prune(self) -> None:
+        """Delete every step checkpoint except the best and the latest (the resume point)."""
+        if not (self.enabled and self.keep_only_best) or not os.path.isdir(self.root):
             return
-        if self.keep_only_best:
-            self._prune()
-        if self.export_hf:
-            actor_dir = os.path.join(self.best["checkpoint_dir"], "actor")
-            if not os.path.isdir(actor_dir):
-                raise FileNotFoundError(
-                    f"the best checkpoint's shards are gone ({actor_dir}); trainer.max_actor_ckpt_to_keep rotated them "
-                    "out — leave it null with seal.checkpoint.save_best (keep_only_best prunes at the end instead)"
-                )
-            export_hf(self.best["checkpoint_dir"])
-
-    def _prune(self) -> None:
-        keep = {os.path.basename(self.best["checkpoint_dir"])}
+        keep = {os.path.basename(self.best["checkpoint_dir"])} if self.best else set()
         latest = os.path.join(self.root, "latest_checkpointed_iteration.txt")
-        if os.path.exists(latest):  # the resume point stays
+        if os.path.exists(latest):
             with open(latest) as f:
                 keep.add(f"global_step_{f.read().strip()}")
         for name in os.listdir(self.root):
             if name.startswith("global_step_") and name not in keep:
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+    def finish(self) -> None:
+        """End of training: export the best checkpoint to Hugging Face format."""
+        if not self.enabled or self.best is None or not self.export_hf:
+            return
+        actor_dir = os.path.join(self.best["checkpoint_dir"], "actor")
+        if not os.path.isdir(actor_dir):
+            raise FileNotFoundError(
+                f"the best checkpoint's shards are gone ({actor_dir}); trainer.max_actor_ckpt_to_keep rotated them "
+                "out — leave it null with seal.checkpoint.save_best (keep_only_best prunes on every save instead)"
+            )
+        export_hf(self.best["checkpoint_dir"])
 
 
 def export_hf(step_dir: str) -> str:
