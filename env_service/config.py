@@ -270,6 +270,32 @@ class EnvConfig(_Block):
     reward: RewardBlockConfig = _opt(RewardBlockConfig(), _block(RewardBlockConfig))
 
 
+@dataclass(frozen=True)
+class ServiceLimits(_Block):
+    """What one episode and one client may cost the service (``python -m env_service serve`` flags).
+
+    Budgets are wall-clock seconds of backend work, enforced inside the worker processes (a call over its
+    budget is interrupted; a worker that does not answer within its budget plus ``worker_grace_s`` is
+    killed and replaced). Defaults sit far above anything the ground truth or a sane model needs: the
+    slowest ground-truth call takes milliseconds, the largest ground-truth reply is 31 KB, a ground-truth
+    turn has at most 34 calls and the largest backend state is 27 KB.
+    """
+
+    call_budget_s: float = _opt(2.0, _float(0.001))
+    message_budget_s: float = _opt(5.0, _float(0.001))
+    evaluate_budget_s: float = _opt(10.0, _float(0.001))
+    worker_grace_s: float = _opt(5.0, _float(0.0))
+    worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none
+    max_steps: int = _opt(100, _int(minimum=1))
+    max_calls_per_message: int = _opt(64, _int(minimum=1))
+    max_reply_bytes: int = _opt(128 * 1024, _int(minimum=256))
+    max_state_bytes: int = _opt(8 * 1024 * 1024, _int(minimum=1024))
+    max_episodes: int = _opt(4096, _int(minimum=1))
+    max_episodes_per_owner: int = _opt(1024, _int(minimum=1))
+    idle_timeout_s: float = _opt(600.0, _float(0.0))
+    reclaim_interval_s: float = _opt(15.0, _float(0.01))
+
+
 __all__ = [
     "OBSERVATION_NOTE",
     "REWARD_MODES",
@@ -279,5 +305,6 @@ __all__ = [
     "EnvConfig",
     "ObservationLiteConfig",
     "RewardBlockConfig",
+    "ServiceLimits",
     "ToolFeedbackConfig",
 ]

@@ -13,6 +13,17 @@ assistant message with exactly one message:
   become callable, the system prompt is never updated), the last turn ends the episode with
   ``[CONVERSATION_COMPLETED]``, otherwise the next question.
 
+Limits (:class:`~env_service.config.ServiceLimits`; every refusal is a text the model reads):
+
+* a message with more than ``max_calls_per_message`` calls is refused like a parse error (nothing runs);
+* the step after ``max_steps`` is answered with a limit text and ends the episode;
+* each call runs under ``call_budget_s``, the message's calls together under ``message_budget_s``: a call
+  over its budget is stopped (its partial effects stay), later calls of the message are skipped, and each
+  gets an ``Error during execution: ...`` result; the verifier tags the turn ``budget_exceeded``;
+* the reply is cut to ``max_reply_bytes`` with a marker;
+* after each message the backend state is measured (:func:`~env_service.executor.state_size`); above
+  ``max_state_bytes`` the reply says so and tool calls are refused for the rest of the episode.
+
 The episode records, per user turn, the evidence the verifier needs (accepted calls, parse errors,
 rejected calls) and :meth:`Episode.evaluate` scores it. Train-only interface features (observation-lite,
 recovery feedback, capability cues; see ``interface.py``) apply in ``train`` mode only, unless a block sets
@@ -23,15 +34,16 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from env_service import interface, prompts
-from env_service.config import EnvConfig
-from env_service.executor import BackendSession, ToolCall, ToolNotAvailable
+from env_service.config import EnvConfig, ServiceLimits
+from env_service.executor import BackendSession, CallOverBudget, ToolCall, ToolNotAvailable, clip_text, state_size
 from env_service.parser import ParsedMessage, parse_assistant, shown_name
 from env_service.tasks import Task
-from env_service.verifier import RewardConfig, TurnRecord, evaluate_episode
+from env_service.verifier import RewardConfig, TurnRecord, evaluate_episode, over_budget_text
 
 #: Modes an episode accepts; everything in ``interface.VALIDATION_MODES`` counts as validation.
 EPISODE_MODES = ("train", "validate", "validation", "val", "test", "sample")
@@ -40,6 +52,8 @@ EPISODE_MODES = ("train", "validate", "validation", "val", "test", "sample")
 ERROR_PARSE = "parse_error"
 ERROR_UNAVAILABLE = "unavailable_tool"
 ERROR_TOOL = "tool_error"
+ERROR_BUDGET = "budget_exceeded"  # a call stopped or skipped by a time budget, or the state limit
+ERROR_LIMIT = "limit_exceeded"  # too many calls in a message, or too many steps
 
 # Upstream's texts for calls the parser let through but the executor cannot take (SPEC §2.7).
 _MISSING_NAME = "Missing function name in tool call."
@@ -71,7 +85,7 @@ class Episode:
     """See the module docstring. ``mode``: ``train`` or ``validate`` (aliases in :data:`EPISODE_MODES`).
 
     ``profile``: the failure profile the trainer last pushed (``{"step", "tags", "categories"}``), used for
-    capability cues; read once, at construction.
+    capability cues; read once, at construction. ``limits``: the service's budgets and limits.
     """
 
     def __init__(
@@ -80,12 +94,15 @@ class Episode:
         mode: str = "train",
         config: EnvConfig | None = None,
         profile: Mapping[str, Any] | None = None,
+        limits: ServiceLimits | None = None,
     ):
         if mode not in EPISODE_MODES:
             raise ValueError(f"unknown episode mode {mode!r}; expected one of {', '.join(EPISODE_MODES)}")
         self.task = task
         self.mode = mode
         self.config = config if config is not None else EnvConfig()
+        self.limits = limits if limits is not None else ServiceLimits()
+        self._tools_refused: str | None = None  # why tool calls are refused for good (state limit)
         # The tools the model may call now: the task's visible docs, plus revealed holdouts later.
         self._tools: list[dict] = list(task.functions)
         self._session = BackendSession(task, allowed=self._allowed_names())
@@ -144,9 +161,16 @@ class Episode:
                 f"sent after {self._num_steps} steps); evaluate it or start a new episode"
             )
         self._num_steps += 1
+        if self._num_steps > self.limits.max_steps:
+            self._terminated = True
+            text = (f"[ERROR] This episode reached its limit of {self.limits.max_steps} messages and has ended; "
+                    f"nothing in the last message was run.")
+            return self._reply(text, terminated=True, error_type=ERROR_LIMIT)
         parsed = parse_assistant(assistant_text, self.config.tool_prompt_mode, self.config.strict_tool_parser)
         if parsed.errors:
             return self._reject_parse_errors(parsed)
+        if len(parsed.calls) > self.limits.max_calls_per_message:
+            return self._reject_call_count(parsed)
         if parsed.calls:
             return self._handle_calls(parsed)
         return self._next_user_turn()
@@ -159,7 +183,7 @@ class Episode:
         """
         if reward_cfg is None:
             reward_cfg = self.config.reward.to_reward_config()
-        result = evaluate_episode(self.task, self.turn_records, reward_cfg).to_dict()
+        result = evaluate_episode(self.task, self.turn_records, reward_cfg, self.limits).to_dict()
         result["num_turns"] = len(self._records)
         result["num_steps"] = self._num_steps
         return result
@@ -233,6 +257,17 @@ class Episode:
             num_parse_errors=len(parsed.errors),
         )
 
+    def _reject_call_count(self, parsed: ParsedMessage) -> StepResult:
+        problem = (f"{len(parsed.calls)} tool calls in one message; the limit is "
+                   f"{self.limits.max_calls_per_message}. Nothing was run.")
+        record = self._records[-1]
+        record.parse_errors.append(problem)
+        record.rejected_calls.extend(parsed.calls)
+        return self._reply(
+            self._error_message(problem), error_type=ERROR_LIMIT,
+            num_rejected_calls=len(parsed.calls), num_parse_errors=1,
+        )
+
     def _handle_calls(self, parsed: ParsedMessage) -> StepResult:
         calls, problem, error_type = self._checked_calls(parsed.calls)
         if problem is None:
@@ -277,14 +312,47 @@ class Episode:
             checked.append(ToolCall(name=name, arguments=arguments))
         return checked, None, None
 
+    def _run_call(self, call: ToolCall, deadline: float) -> tuple[str, bool]:
+        """(result, stopped or skipped by a budget) of one call with what is left of the message budget."""
+        if self._tools_refused:
+            return over_budget_text(self._tools_refused), True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return over_budget_text(
+                f"not run: this message used up its time budget of {self.limits.message_budget_s:g} s"), True
+        try:
+            return self._session.execute(call, min(self.limits.call_budget_s, remaining)), False
+        except CallOverBudget as stopped:
+            return over_budget_text(str(stopped)), True
+
+    def _check_state(self, record: TurnRecord, first: int) -> str:
+        """After a message: refuse tools for good when the state has grown past its limit ("" if fine)."""
+        limit = self.limits.max_state_bytes
+        if self._tools_refused or state_size(dict(self._session.instances), limit) <= limit:
+            return ""
+        self._tools_refused = (f"tool calls are refused: this episode's environment state grew past its limit of "
+                               f"{limit} bytes")
+        # The replay must not rebuild that state: the message's calls count as stopped.
+        record.over_budget.extend(i for i in range(first, len(record.calls)) if i not in record.over_budget)
+        return f"\n[ERROR] The environment state exceeds its limit of {limit} bytes; " \
+               f"tool calls are refused for the rest of this episode."
+
     def _execute(self, calls: list[ToolCall]) -> StepResult:
         mode = self.config.tool_result_mode
         record = self._records[-1]
-        pieces, tool_errors = [], 0
+        first = len(record.calls)
+        deadline = time.monotonic() + self.limits.message_budget_s
+        room = self.limits.max_reply_bytes  # bytes of results kept in the record for this message
+        pieces, tool_errors, over = [], 0, 0
         for call in calls:
-            result = self._session.execute(call)
+            result, stopped = self._run_call(call, deadline)
+            if stopped:
+                over += 1
+                record.over_budget.append(len(record.calls))
             record.calls.append(call)
-            record.exec_results.append(result)
+            kept = clip_text(result, max(room, 0))
+            room -= len(kept)
+            record.exec_results.append(kept)
             pieces.append(prompts.render_tool_result(result, mode))
             if interface.tool_error_text(result):
                 tool_errors += 1
@@ -294,13 +362,17 @@ class Episode:
                             result, str(call.name), self.tool_names, self.config.tool_feedback_evolution
                         )
                     )
+        state_error = self._check_state(record, first)
         content = prompts.finish_tool_results("".join(pieces), mode)
+        content = clip_text(content, self.limits.max_reply_bytes) + state_error
+        error_type = ERROR_BUDGET if over or state_error else ERROR_TOOL if tool_errors else None
         return self._reply(
             content,
             role=prompts.tool_result_role(mode),
-            error_type=ERROR_TOOL if tool_errors else None,
+            error_type=error_type,
             num_calls=len(calls),
             num_tool_errors=tool_errors,
+            num_over_budget=over,
         )
 
     def _next_user_turn(self) -> StepResult:

@@ -37,13 +37,21 @@ Known, deliberate divergences from bfcl (none affects any ground-truth call; see
 Isolation: every :class:`BackendSession` builds fresh backend instances and deep-copies their state
 after ``_load_scenario`` so that no instance references module-level data (long-context TravelAPI
 inserts the module's credit-card and booking dicts by reference and then decrements balances in
-place, leaking across episodes in bfcl). All backend work runs under one module lock, because some
-long-context methods write module dicts (VehicleControlAPI weather) and return them.
+place, leaking across episodes in bfcl). The one module dict a backend still writes (long-context
+VehicleControlAPI's weather, overwritten and returned whole) gets the same value for the same call, so
+episodes in one process never see each other's state through it.
+
+Budgets: ``execute(call, time_limit_s=...)`` interrupts a call that runs longer than its limit (a
+``SIGALRM`` timer, so only on the main thread of a process: the service's worker processes; elsewhere the
+limit is not enforced) and raises :class:`CallOverBudget`. Interrupted pure-Python work (a traversal of a
+file system whose directories alias each other) stops at once; C-level work cannot be interrupted, which
+is why :func:`_resource_guard` refuses the known numeric blow-ups before they start.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import functools
 import importlib
@@ -52,7 +60,9 @@ import json
 import keyword
 import math
 import re
+import signal
 import threading
+import time
 import types
 import unicodedata
 from dataclasses import dataclass, field
@@ -61,9 +71,6 @@ from typing import Any, Iterable, Mapping
 from env_service import _bfcl
 
 ERROR_PREFIX = "Error during execution: "
-
-# Serialises every backend instantiation and method call (see module docstring).
-_BACKEND_LOCK = threading.RLock()
 
 # bfcl's _process_method_calls pattern: an identifier directly followed by "(".
 _METHOD_CALL_PATTERN = re.compile(r"\b([a-zA-Z_]\w*)\s*(?=\()")
@@ -95,6 +102,91 @@ class ToolCall:
 def format_call_string(call: ToolCall) -> str:
     """``name(k=repr(v),k2=repr(v2))`` — bfcl's ``convert_to_function_call`` format ("," separator)."""
     return f"{call.name}({','.join(f'{k}={repr(v)}' for k, v in call.arguments.items())})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Budgets: time per call, size of results and of retained state
+# ---------------------------------------------------------------------------------------------
+
+
+class CallOverBudget(Exception):
+    """A backend call was interrupted after ``seconds``; its effects so far stay in the state."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"the call was stopped after {seconds:g} s, its time budget")
+        self.seconds = seconds
+
+
+class _Interrupted(BaseException):
+    """Raised by the timer inside the backend; a BaseException so backends' ``except Exception`` pass it on."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Interrupt the body after ``seconds`` (CallOverBudget); a no-op off the main thread or for None."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    armed = True
+
+    def on_alarm(signum, frame):
+        if armed:  # a signal that arrives while disarming must not escape
+            raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 1e-4))
+    try:
+        yield
+    except _Interrupted:
+        raise CallOverBudget(seconds) from None
+    finally:
+        armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def clip_text(text: str, max_bytes: int) -> str:
+    """``text`` cut to ``max_bytes`` of UTF-8 with a marker saying how much was left out."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return text
+    kept = data[:max_bytes].decode("utf-8", "ignore")
+    return f"{kept}\n[TRUNCATED: {len(data) - len(kept.encode('utf-8'))} more bytes; the environment " \
+           f"returns at most {max_bytes} bytes per reply]"
+
+
+_NODE_BYTES = 64  # a rough per-object overhead: makes a state of many tiny objects count for something
+_SCALAR_BYTES = 8
+
+
+def state_size(root: Any, limit: int) -> int:
+    """Approximate bytes ``root`` keeps alive (each object counted once); the walk stops above ``limit``.
+
+    The walk visits at most ``limit / 64`` objects, so measuring a huge state costs no more than a small one.
+    """
+    total, stack, seen = 0, [root], set()
+    while stack and total <= limit:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, (str, bytes)):
+            total += _NODE_BYTES + len(value)
+        elif isinstance(value, dict):
+            total += _NODE_BYTES + _SCALAR_BYTES * len(value)
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            total += _NODE_BYTES + _SCALAR_BYTES * len(value)
+            stack.extend(value)
+        elif value is None or isinstance(value, (bool, int, float)):
+            total += _SCALAR_BYTES
+        else:
+            total += _NODE_BYTES
+            attributes = getattr(value, "__dict__", None)
+            if isinstance(attributes, dict):
+                stack.append(attributes)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,22 +347,43 @@ def _parse_processed(processed: str) -> ast.expr | str:
     return tree.body
 
 
-# Arguments that would make a backend compute for minutes or exhaust memory (MathAPI sets mpmath/decimal
-# precision from the call, and raises ints to int powers) — with every backend call under one lock, a single
-# hostile call would stall the whole service. bfcl has no such limit; the ground truth stays far below these.
+# Arguments that would make a backend compute for minutes or exhaust memory inside C code, where the time
+# budget cannot interrupt it: MathAPI sets mpmath/decimal precision from the call (mpmath also accepts the
+# precision as a numeric string), rounds ints to a number of digits (``round(5, -10**9)`` builds 10**10**9)
+# and raises ints to int powers. bfcl has no such limit; the ground truth stays far below these.
 MAX_PRECISION = 1000
 MAX_INT_EXPONENT = 10_000
+MAX_POWER_BITS = 1_000_000  # bits of an integer power's result (10**4000 ** 10000 would have 1.3e8)
+
+
+def _as_number(value: Any) -> int | float | None:
+    """``value`` as the number mpmath would make of it (a number, or a string through ``int``), else None."""
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
 
 
 def _resource_guard(owner: str, name: str, kwargs: dict) -> str | None:
     if owner != "MathAPI":
         return None
-    precision = kwargs.get("precision")
-    if name in ("logarithm", "square_root") and isinstance(precision, (int, float)) and precision > MAX_PRECISION:
-        return f"precision {precision} exceeds this environment's limit of {MAX_PRECISION}"
+    precision = _as_number(kwargs.get("precision"))
+    if name in ("logarithm", "square_root") and precision is not None and precision > MAX_PRECISION:
+        return f"precision {kwargs['precision']!r} exceeds this environment's limit of {MAX_PRECISION}"
+    places = kwargs.get("decimal_places")
+    if name == "round_number" and isinstance(places, int) and places < -MAX_PRECISION:
+        return f"decimal_places {places} is below this environment's limit of {-MAX_PRECISION}"
     base, exponent = kwargs.get("base"), kwargs.get("exponent")
-    if name == "power" and isinstance(base, int) and isinstance(exponent, int) and abs(exponent) > MAX_INT_EXPONENT:
-        return f"exponent {exponent} exceeds this environment's limit of {MAX_INT_EXPONENT} for integer powers"
+    if name == "power" and isinstance(base, int) and isinstance(exponent, int):
+        if abs(exponent) > MAX_INT_EXPONENT:
+            return f"exponent {exponent} exceeds this environment's limit of {MAX_INT_EXPONENT} for integer powers"
+        if exponent > 0 and abs(base).bit_length() * exponent > MAX_POWER_BITS:
+            return (f"the integer power would have about {abs(base).bit_length() * exponent} bits; this "
+                    f"environment's limit is {MAX_POWER_BITS}")
     return None
 
 
@@ -335,11 +448,8 @@ class BackendSession:
         self._instances: dict[str, object] = {}
         self._owners: dict[str, str] = {}
         self._closed = False
-        with _BACKEND_LOCK:
-            for class_name in task.involved_classes:
-                self._instances[class_name] = _fresh_instance(
-                    class_name, task.initial_config, task.long_context
-                )
+        for class_name in task.involved_classes:
+            self._instances[class_name] = _fresh_instance(class_name, task.initial_config, task.long_context)
         for class_name, instance in self._instances.items():
             for name in _public_method_names(instance):
                 self._owners[name] = class_name
@@ -382,11 +492,12 @@ class BackendSession:
 
     # -- execution -------------------------------------------------------------------------
 
-    def execute(self, call: ToolCall) -> str:
+    def execute(self, call: ToolCall, time_limit_s: float | None = None) -> str:
         """Execute one call and return bfcl's result string.
 
-        Raises :class:`ToolNotAvailable` for a known tool outside ``allowed``; every other problem
-        (unknown name, bad arguments, backend exception) is reported in the returned string.
+        Raises :class:`ToolNotAvailable` for a known tool outside ``allowed`` and :class:`CallOverBudget`
+        when the backend method runs longer than ``time_limit_s`` (see the module docstring); every other
+        problem (unknown name, bad arguments, backend exception) is reported in the returned string.
         """
         self._check_open()
         name, arguments = call.name, call.arguments
@@ -433,7 +544,7 @@ class BackendSession:
         # eval would build fresh argument objects; never let a backend alias the caller's values.
         kwargs = copy.deepcopy(kwargs)
         method = getattr(self._instances[self._owners[name]], name)
-        with _BACKEND_LOCK:
+        with time_limit(time_limit_s):
             try:
                 return _result_to_string(method(**kwargs))
             except Exception as error:  # bfcl catches Exception around eval and conversion

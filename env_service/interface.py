@@ -323,6 +323,10 @@ DEFAULT_GUIDELINES: dict[str, str] = {
     "missing_tool_call": (
         "Complete every step of the user's request with tool calls before replying; do not stop early."
     ),
+    "budget_exceeded": (
+        "Make only the calls the request needs: the environment stops calls that take too long, and "
+        "repeated copies, moves or searches over the same files can take very long."
+    ),
 }
 
 

@@ -12,11 +12,20 @@ Official verdict (``valid``; bfcl ``_evaluate_single_multi_turn_entry`` + ``mult
   must pass (``multi_turn:instance_state_mismatch``) and bfcl's ``response_checker`` must find every GT
   result of the turn among all model results so far (``multi_turn:execution_response_mismatch``).
   The first failure's ``error_type`` is recorded. Turns with empty GT are not checked (bfcl 2026.3.23
-  does not apply its irrelevance checker), but the model's calls there still change state.
+  does not apply its irrelevance checker), but the model's calls there still change state. A turn tagged
+  ``budget_exceeded`` fails the verdict (``multi_turn:budget_exceeded``): its state is whatever the stopped
+  call left, so no comparison with the GT means anything.
+
+The replay runs under the same budgets as the episode (:class:`~env_service.config.ServiceLimits`): each
+model call gets ``call_budget_s``, the whole replay ``evaluate_budget_s``; calls the episode already saw
+stopped are not run again (their recorded text stands in), and model results are clipped to
+``max_reply_bytes`` (a ground-truth result is at most 31 KB, so no verdict can change).
 
 Progress tags (SPEC B §3.2, one per GT turn; model turns padded with empty turns when the episode ended
 early, ``terminated_early``), first match wins:
-  ``gt_error`` (a GT call could not be parsed/executed), GT empty -> ``spurious_tool_call`` (model made
+  ``gt_error`` (a GT call could not be parsed/executed), ``budget_exceeded`` (a model call of the turn was
+  stopped or skipped by a time budget or the state limit, when the episode ran or during this replay: the
+  turn fails, and so does the verdict, whatever the GT of the turn), GT empty -> ``spurious_tool_call`` (model made
   a call) or ``correct_abstention``; ``empty_turn_model_response``; ``instance_mismatch``;
   ``state_mismatch``; ``response_mismatch`` (``checker_error`` if a checker raised); else ``pass``.
   Unlike upstream SEAL, the tags use fresh state (SPEC A5.2), so they agree with the verdict.
@@ -60,8 +69,18 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+import time
+
 from env_service import _bfcl
-from env_service.executor import ERROR_PREFIX, BackendSession, ToolCall, parse_call_string
+from env_service.config import ServiceLimits
+from env_service.executor import (
+    ERROR_PREFIX,
+    BackendSession,
+    CallOverBudget,
+    ToolCall,
+    clip_text,
+    parse_call_string,
+)
 from env_service.tasks import Task, load_task
 
 # -- vocabularies ---------------------------------------------------------------------------------
@@ -75,6 +94,7 @@ TAG_STATE_MISMATCH = "state_mismatch"
 TAG_RESPONSE_MISMATCH = "response_mismatch"
 TAG_CHECKER_ERROR = "checker_error"
 TAG_GT_ERROR = "gt_error"
+TAG_BUDGET_EXCEEDED = "budget_exceeded"
 TAGS: tuple[str, ...] = (
     TAG_PASS,
     TAG_CORRECT_ABSTENTION,
@@ -85,6 +105,7 @@ TAGS: tuple[str, ...] = (
     TAG_RESPONSE_MISMATCH,
     TAG_CHECKER_ERROR,
     TAG_GT_ERROR,
+    TAG_BUDGET_EXCEEDED,
 )
 
 LABEL_PASS = "pass"
@@ -104,6 +125,7 @@ ERROR_STATE_MISMATCH = "multi_turn:instance_state_mismatch"
 ERROR_RESPONSE_MISMATCH = "multi_turn:execution_response_mismatch"
 ERROR_CHECKER = "multi_turn:checker_error"
 ERROR_GT = "multi_turn:gt_error"
+ERROR_BUDGET = "multi_turn:budget_exceeded"
 
 # Failing tag of a GT-non-empty turn -> bfcl error_type of the verdict. instance_mismatch is an
 # AssertionError inside bfcl (unreachable: both sides load the same classes); we report it as a state
@@ -115,6 +137,7 @@ _VERDICT_ERROR = {
     TAG_RESPONSE_MISMATCH: ERROR_RESPONSE_MISMATCH,
     TAG_CHECKER_ERROR: ERROR_CHECKER,
     TAG_GT_ERROR: ERROR_GT,
+    TAG_BUDGET_EXCEEDED: ERROR_BUDGET,
 }
 _TURN_OK = (TAG_PASS, TAG_CORRECT_ABSTENTION)
 
@@ -138,13 +161,16 @@ class TurnRecord:
 
     ``calls``: accepted calls in execution order. ``parse_errors``: parser error messages of this turn.
     ``rejected_calls``: calls refused before execution (tool not available). ``exec_results``:
-    optional, what the episode observed; informational only, the verifier re-executes on fresh state.
+    optional, what the episode observed; the verifier re-executes on fresh state, except the calls listed
+    in ``over_budget``: indices into ``calls`` that a budget stopped or skipped (their ``exec_results``
+    text is what the replay uses; the turn is tagged ``budget_exceeded``).
     """
 
     calls: list[ToolCall]
     parse_errors: list[str] = field(default_factory=list)
     rejected_calls: list[ToolCall] = field(default_factory=list)
     exec_results: list[str] | None = None
+    over_budget: list[int] = field(default_factory=list)
 
 
 _REWARD_MODES = ("binary", "capped", "t3rl")
@@ -261,13 +287,41 @@ class _Turn:
     tag: str
 
 
+def over_budget_text(why: str) -> str:
+    """The result text of a call a budget stopped or skipped (an execution error, like bfcl's)."""
+    return f"{ERROR_PREFIX}{why}"
+
+
+class _ReplayBudget:
+    """The replay's clock: each model call gets ``call_budget_s``, all of them ``evaluate_budget_s``."""
+
+    def __init__(self, limits: ServiceLimits):
+        self.limits = limits
+        self.deadline = time.monotonic() + limits.evaluate_budget_s
+
+    def run(self, session: BackendSession, record: TurnRecord, index: int) -> tuple[str, bool]:
+        """(result, over budget) of the model's call ``index`` of ``record``."""
+        if index in record.over_budget:
+            recorded = record.exec_results or []
+            return (recorded[index] if index < len(recorded) else over_budget_text("stopped by a budget")), True
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            return over_budget_text(f"not replayed: the evaluation used up its {self.limits.evaluate_budget_s:g} s"), True
+        try:
+            result = session.execute(record.calls[index], min(self.limits.call_budget_s, remaining))
+        except CallOverBudget as stopped:
+            return over_budget_text(str(stopped)), True
+        return clip_text(result, self.limits.max_reply_bytes), False
+
+
 def _pad(turns: list[TurnRecord], n: int) -> list[TurnRecord]:
     return list(turns[:n]) + [TurnRecord(calls=[]) for _ in range(n - len(turns))]
 
 
-def _replay(task: Task, turns: list[TurnRecord]) -> tuple[list[_Turn], frozenset[str]]:
+def _replay(task: Task, turns: list[TurnRecord], limits: ServiceLimits) -> tuple[list[_Turn], frozenset[str]]:
     model = BackendSession(task)
     truth = BackendSession(task)
+    budget = _ReplayBudget(limits)
     try:
         tool_names = model.tool_names
         all_model_results: list[str] = []
@@ -275,13 +329,17 @@ def _replay(task: Task, turns: list[TurnRecord]) -> tuple[list[_Turn], frozenset
         for turn_index, (gt_strings, record) in enumerate(
             zip(task.ground_truth, _pad(turns, len(task.ground_truth)))
         ):
-            model_results = [model.execute(call) for call in record.calls]
+            outcomes = [budget.run(model, record, i) for i in range(len(record.calls))]
+            model_results = [result for result, _ in outcomes]
             all_model_results.extend(model_results)
             try:
                 gt_calls = [parse_call_string(s, task) for s in gt_strings]
                 gt_results = [truth.execute(call) for call in gt_calls]
             except Exception:  # a broken GT entry must not crash training
                 replayed.append(_Turn(record, [], model_results, TAG_GT_ERROR))
+                continue
+            if any(over for _, over in outcomes):
+                replayed.append(_Turn(record, gt_calls, model_results, TAG_BUDGET_EXCEEDED))
                 continue
             tag = _turn_tag(turn_index, record, gt_calls, gt_results, all_model_results, model, truth)
             replayed.append(_Turn(record, gt_calls, model_results, tag))
@@ -321,7 +379,8 @@ def _verdict(replayed: list[_Turn], num_model_turns: int) -> tuple[bool, str | N
     if num_model_turns != len(replayed):
         return False, ERROR_FORCE_TERMINATED, None
     for turn_index, turn in enumerate(replayed):
-        if turn.tag in _VERDICT_ERROR:  # never an empty-GT turn: those are skipped by bfcl
+        # Empty-GT turns are skipped by bfcl: their tags are never in _VERDICT_ERROR, except budget_exceeded.
+        if turn.tag in _VERDICT_ERROR:
             return False, _VERDICT_ERROR[turn.tag], turn_index
     return True, None, None
 
@@ -384,10 +443,12 @@ def _turn_label(turn: _Turn, tool_names: frozenset[str], required: dict[str, lis
 # -- public API -----------------------------------------------------------------------------------
 
 
-def evaluate_episode(task: Task, turns: list[TurnRecord], reward: RewardConfig | None = None) -> Evaluation:
+def evaluate_episode(
+    task: Task, turns: list[TurnRecord], reward: RewardConfig | None = None, limits: ServiceLimits | None = None
+) -> Evaluation:
     """Verdict, tags, labels, progress and reward of one episode (see the module docstring)."""
     turns = list(turns)
-    replayed, tool_names = _replay(task, turns)
+    replayed, tool_names = _replay(task, turns, limits if limits is not None else ServiceLimits())
     valid, error_type, error_turn = _verdict(replayed, len(turns))
     required = _required_parameters(task)
 

@@ -1,0 +1,326 @@
+"""Episodes in worker processes: every core busy, time budgets that can interrupt, and hangs contained.
+
+Backend work is CPU-bound Python, so one process runs one call at a time whatever the threads. The
+:class:`WorkerPool` starts ``n`` processes (``python -m env_service.workers FD``, talking pickles over a
+socket pair: nothing of the service's threaded process is forked, and no caller's main module is re-run,
+as multiprocessing's spawn would); each loads the task table once (about 2 s) and
+then holds whole :class:`~env_service.episode.Episode` objects — backends, turn records, the verifier's replay
+at evaluate — keyed by the manager's instance id. An episode stays on the worker that created it (the one
+with the fewest episodes at the time), because its backend state lives there.
+
+Inside a worker, calls run on the main thread, where the episode's time budgets interrupt them
+(:func:`~env_service.executor.time_limit`). The parent waits for each answer at most the request's budget
+plus ``worker_grace_s``; a worker that does not answer by then (work a timer cannot interrupt, a crash, the
+memory cap) is killed and replaced, and only the episodes it held fail, with :class:`WorkerLost`. Requests
+to one worker are serialised by a lock in the parent, so the pipe carries one request at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_service.config import ServiceLimits
+
+log = logging.getLogger(__name__)
+
+#: How long a new worker may take to import bfcl-eval and load the task table.
+START_TIMEOUT_S = 120.0
+#: How long a request waits for its worker while the worker serves other episodes.
+QUEUE_TIMEOUT_S = 300.0
+#: Budget of requests that do no backend work (create, close, ping), on top of ``worker_grace_s``.
+SHORT_REQUEST_S = 10.0
+
+
+class WorkerLost(Exception):
+    """The worker that held an episode died or was killed; the episode is gone."""
+
+
+class WorkerBusy(Exception):
+    """The episode's worker stayed busy with other episodes for longer than ``QUEUE_TIMEOUT_S``."""
+
+
+class RemoteError(Exception):
+    """An exception inside the worker other than ValueError (a bug); ``kind`` is its class name."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process
+# ---------------------------------------------------------------------------------------------
+
+
+def _limit_memory(mib: int) -> None:
+    if mib > 0:
+        import resource
+
+        cap = mib * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def _worker_main(conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the service, which then stops us
+    limits: ServiceLimits = conn.recv()
+    from env_service import episode as episode_mod
+    from env_service import tasks
+
+    ids = tasks.task_ids("all")
+    tasks.load_task(ids[0])  # the whole table, once
+    _limit_memory(limits.worker_memory_mib)
+    episodes: dict[str, Any] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            op, key, args = conn.recv()
+        except (EOFError, OSError):  # the service is gone
+            return
+        try:
+            reply = (True, _handle(episode_mod, tasks, episodes, limits, op, key, args))
+        except ValueError as error:
+            reply = (False, ("ValueError", str(error)[:2000]))
+        except Exception as error:  # noqa: BLE001 - reported to the parent, which logs it
+            log.exception("worker %d: %s of %s failed", os.getpid(), op, key)
+            reply = (False, (type(error).__name__, str(error)[:2000]))
+        conn.send(reply)
+
+
+def _handle(episode_mod, tasks, episodes: dict, limits: ServiceLimits, op: str, key: str, args: tuple):
+    if op == "create":
+        task_id, mode, config, profile = args
+        episode = episode_mod.Episode(tasks.load_task(task_id), mode, config, profile, limits)
+        messages = episode.initial_messages()
+        episodes[key] = episode
+        return messages, episode.info
+    if op == "step":
+        result = episodes[key].step(*args)
+        return result.message, result.terminated, result.info
+    if op == "evaluate":
+        return episodes[key].evaluate(*args)
+    if op == "close":
+        episode = episodes.pop(key, None)
+        if episode is not None:
+            episode.close()
+        return None
+    if op == "ping":
+        return len(episodes)
+    raise ValueError(f"unknown worker request {op!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: Any = None
+    conn: Any = None
+    generation: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    busy_since: float | None = None
+    busy_deadline_s: float = 0.0
+    episodes: set = field(default_factory=set)
+    restarts: int = 0
+
+
+class WorkerPool:
+    """``n`` worker processes holding episodes; see the module docstring."""
+
+    def __init__(self, n: int, limits: ServiceLimits):
+        if n < 1:
+            raise ValueError("a worker pool needs at least one worker")
+        self.limits = limits
+        self._workers = [_Worker(i) for i in range(n)]
+        self._state = threading.Lock()  # guards episode sets and the started flag
+        self._started = False
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def start(self) -> None:
+        with self._state:
+            if self._started:
+                return
+            self._started = True
+        for worker in self._workers:  # all start at once; then wait for each
+            self._launch(worker)
+        for worker in self._workers:
+            self._await_ready(worker)
+
+    def _spawn(self, worker: _Worker) -> None:
+        self._launch(worker)
+        self._await_ready(worker)
+
+    def _launch(self, worker: _Worker) -> None:
+        ours, theirs = socket.socketpair()
+        package_root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
+                                                                        os.environ.get("PYTHONPATH")]))}
+        process = subprocess.Popen([sys.executable, "-m", "env_service.workers", str(theirs.fileno())],
+                                   pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+        theirs.close()
+        conn = Connection(ours.detach())
+        conn.send(self.limits)
+        worker.process, worker.conn = process, conn
+
+    def _await_ready(self, worker: _Worker) -> None:
+        process, conn = worker.process, worker.conn
+        if not conn.poll(START_TIMEOUT_S):
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"env worker {worker.index} did not start within {START_TIMEOUT_S:.0f} s")
+        try:
+            conn.recv()  # ("ready", pid)
+        except EOFError:
+            raise RuntimeError(f"env worker {worker.index} exited during start-up (exit code "
+                               f"{process.wait()}); see its log above") from None
+
+    def _kill(self, worker: _Worker, why: str) -> None:
+        """Kill and replace ``worker`` (its lock held); its episodes are lost."""
+        log.error("env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes lost)",
+                  worker.index, worker.process.pid, why, len(worker.episodes))
+        worker.process.kill()
+        worker.process.wait()
+        worker.conn.close()
+        with self._state:
+            worker.episodes.clear()
+        worker.generation += 1
+        worker.restarts += 1
+        self._spawn(worker)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _request(self, worker: _Worker, generation: int, budget_s: float, op: str, key: str, *args):
+        if not worker.lock.acquire(timeout=QUEUE_TIMEOUT_S):
+            raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
+        try:
+            if worker.generation != generation:
+                raise WorkerLost("the worker holding this episode was replaced")
+            deadline_s = budget_s + self.limits.worker_grace_s
+            worker.busy_since, worker.busy_deadline_s = time.monotonic(), deadline_s
+            try:
+                worker.conn.send((op, key, args))
+                if not worker.conn.poll(deadline_s):
+                    self._kill(worker, f"no answer to {op} within {deadline_s:g} s")
+                    raise WorkerLost(f"the episode's worker did not answer {op} within {deadline_s:g} s "
+                                     f"and was replaced")
+                ok, payload = worker.conn.recv()
+            except (EOFError, OSError, BrokenPipeError) as error:
+                self._kill(worker, f"connection lost during {op} ({type(error).__name__})")
+                raise WorkerLost(f"the episode's worker died during {op} and was replaced") from None
+            finally:
+                worker.busy_since = None
+        finally:
+            worker.lock.release()
+        if ok:
+            return payload
+        kind, message = payload
+        if kind == "ValueError":
+            raise ValueError(message)
+        raise RemoteError(kind, message)
+
+    def create(self, key: str, task_id: str, mode: str, config, profile) -> "RemoteEpisode":
+        self.start()
+        with self._state:
+            worker = min(self._workers, key=lambda w: len(w.episodes))
+            worker.episodes.add(key)
+            generation = worker.generation
+        try:
+            messages, info = self._request(worker, generation, SHORT_REQUEST_S, "create", key,
+                                           task_id, mode, config, profile)
+        except BaseException:
+            with self._state:
+                worker.episodes.discard(key)
+            raise
+        return RemoteEpisode(self, worker, generation, key, messages, info)
+
+    def forget(self, worker: _Worker, key: str) -> None:
+        with self._state:
+            worker.episodes.discard(key)
+
+    # -- health / shutdown ---------------------------------------------------------------------
+
+    def health(self) -> dict:
+        """Per worker: alive, busy for how long, whether it answers (alive, and not past its deadline)."""
+        now = time.monotonic()
+        rows = []
+        for w in self._workers:
+            alive = w.process is not None and w.process.poll() is None
+            busy_since = w.busy_since
+            busy_s = 0.0 if busy_since is None else now - busy_since
+            rows.append({"pid": w.process.pid if w.process else None, "alive": alive,
+                         "busy_s": round(busy_s, 3), "answering": alive and busy_s <= w.busy_deadline_s + 1.0,
+                         "episodes": len(w.episodes), "restarts": w.restarts})
+        answering = sum(r["answering"] for r in rows)
+        return {"workers": len(rows), "workers_answering": answering, "ok": answering == len(rows),
+                "worker_restarts": sum(r["restarts"] for r in rows), "per_worker": rows}
+
+    def close(self) -> None:
+        with self._state:
+            started, self._started = self._started, False
+        if not started:
+            return
+        for worker in self._workers:
+            if worker.conn is not None:
+                worker.conn.close()
+            if worker.process is not None:
+                try:
+                    worker.process.wait(2)  # it exits when its end of the socket closes
+                except subprocess.TimeoutExpired:
+                    worker.process.kill()
+                    worker.process.wait()
+            worker.episodes.clear()
+
+
+class RemoteEpisode:
+    """The manager's handle on an episode that lives in a worker (the same methods as ``Episode``)."""
+
+    def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info):
+        self._pool, self._worker, self._generation, self._key = pool, worker, generation, key
+        self._messages = messages
+        self.info = info
+        self.terminated = False
+
+    def initial_messages(self) -> list[dict]:
+        return self._messages
+
+    def step(self, assistant_text: str):
+        from env_service.episode import StepResult
+
+        budget = self._pool.limits.message_budget_s
+        message, terminated, info = self._pool._request(self._worker, self._generation, budget, "step",
+                                                        self._key, assistant_text)
+        self.terminated = terminated
+        return StepResult(message=message, terminated=terminated, info=info)
+
+    def evaluate(self, reward_cfg=None) -> dict:
+        budget = self._pool.limits.evaluate_budget_s
+        return self._pool._request(self._worker, self._generation, budget, "evaluate", self._key, reward_cfg)
+
+    def close(self) -> None:
+        self._pool.forget(self._worker, self._key)
+        try:
+            self._pool._request(self._worker, self._generation, SHORT_REQUEST_S, "close", self._key)
+        except (WorkerLost, WorkerBusy):
+            pass  # nothing left to free
+
+
+__all__ = ["RemoteEpisode", "RemoteError", "WorkerBusy", "WorkerLost", "WorkerPool"]
+
+
+if __name__ == "__main__":
+    _worker_main(Connection(int(sys.argv[1])))
