@@ -138,6 +138,39 @@ def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_
     assert (hf_dir / "config.json").exists() and any(hf_dir.glob("*.safetensors"))
 
 
+def metric_values(log: str, key: str) -> list[float]:
+    """Values of ``key`` in verl's console metric lines (``key:value`` pairs, numpy scalars included)."""
+    return [float(line.split(f"{key}:")[1].split()[0].strip("np.float64()int"))
+            for line in log.splitlines() if f"{key}:" in line]
+
+
+def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_workers(tmp_path):
+    """One real and one unknown task per batch, two agent-loop workers: the failed episodes' chunk and the real
+    one must join (same keys, log-probs), the step completes, failures are counted, validation reports them apart."""
+    import pandas as pd
+
+    def with_unknown_task(src: str, dst: Path) -> str:
+        data = pd.read_parquet(REPO / "data" / src).head(1)
+        ghost = data.iloc[0].copy()
+        ghost["extra_info"] = {**ghost["extra_info"], "task_id": "multi_turn_base_999999", "index": "ghost"}
+        pd.concat([data, ghost.to_frame().T], ignore_index=True).to_parquet(dst)
+        return str(dst)
+
+    train = with_unknown_task("cpu_tiny_train.parquet", tmp_path / "train.parquet")
+    val = with_unknown_task("cpu_tiny_heldout.parquet", tmp_path / "val.parquet")
+    proc = launch(tmp_path, f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=2",
+                  "actor_rollout_ref.rollout.agent.num_workers=2", "trainer.total_training_steps=1",
+                  "trainer.test_freq=0", "trainer.save_freq=0", "seal.checkpoint.save_best=false",
+                  "seal.rollout.episode_retries=0", "seal.validation.max_env_failure_share=1.0",
+                  log_name="unknown.log")
+    rc = wait(proc, 900)
+    log = (tmp_path / "unknown.log").read_text()
+    assert rc == 0, log[-6000:]
+    assert metric_values(log, "seal/rollout/failed_episodes") == [2.0]  # both rollouts of the unknown task
+    assert metric_values(log, "val-aux/env_failed/count") == [1.0]
+    assert "actor/pg_loss" in log
+
+
 def test_environment_service_dying_mid_rollout_fails_episodes_cleanly(tmp_path):
     """Kill the service during the first training rollout: episodes fail after bounded retries, are kept out
     of the loss and counted, and the step still completes."""
@@ -158,6 +191,7 @@ def test_environment_service_dying_mid_rollout_fails_episodes_cleanly(tmp_path):
         proc = launch(tmp_path, f"env_service.url={url}", "trainer.val_before_train=false", "trainer.test_freq=0",
                       "trainer.total_training_steps=1", "seal.checkpoint.save_best=false", "trainer.save_freq=0",
                       "seal.rollout.episode_retries=1", "env_service.retries=0", "env_service.timeout_s=5",
+                      "actor_rollout_ref.rollout.agent.num_workers=2",  # as on GPU: chunks from two workers
                       log_name="fault.log")
         # wait until the rollout has started talking to the service, then kill it
         deadline = time.monotonic() + 600
@@ -167,8 +201,7 @@ def test_environment_service_dying_mid_rollout_fails_episodes_cleanly(tmp_path):
         rc = wait(proc, 900)
         log = (tmp_path / "fault.log").read_text()
         assert rc == 0, log[-6000:]
-        failed = [float(line.split("seal/rollout/failed_episodes:")[1].split()[0].strip("np.float64()"))
-                  for line in log.splitlines() if "seal/rollout/failed_episodes:" in line]
+        failed = metric_values(log, "seal/rollout/failed_episodes")
         assert failed and failed[-1] >= 1
         assert "actor/pg_loss" in log
     finally:
