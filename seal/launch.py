@@ -49,9 +49,12 @@ def preflight(config: DictConfig) -> list[str]:
     problems: list[str] = []
     warnings: list[str] = []
     _check_device(config, problems)
+    _check_attention(config, problems)
+    _check_padding_removal(config, problems)
     _check_model(config, problems, warnings)
     _check_data(config, problems)
     _check_lengths(config, problems)
+    _check_prompt_budget(config, problems)
     _check_batching(config, problems)
     _check_checkpoints(config, problems)
     _check_reward(config, problems)
@@ -63,6 +66,11 @@ def preflight(config: DictConfig) -> list[str]:
 def _check_device(config, problems):
     if config.trainer.device != "cuda":
         return
+    from seal.node_checks import cuda_problem, probe_cuda
+
+    mismatch = cuda_problem(**probe_cuda())
+    if mismatch:
+        problems.append(mismatch)
     try:
         import torch
 
@@ -75,6 +83,58 @@ def _check_device(config, problems):
             f"this recipe trains on {wanted} GPU(s) (trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}) but "
             f"{available} CUDA device(s) are visible; on a CPU machine run exp/cpu_tiny.yaml"
         )
+
+
+def _check_attention(config, problems):
+    from seal.node_checks import attention_implementation, attention_problem
+
+    problem = attention_problem(attention_implementation(config.actor_rollout_ref.model))
+    if problem:
+        problems.append(problem)
+
+
+def _check_padding_removal(config, problems):
+    """Padding removal packs a micro-batch into one row; only flash attention keeps its sequences apart."""
+    from seal.node_checks import PACKED_SEQUENCE_ATTENTION, attention_implementation
+
+    model = config.actor_rollout_ref.model
+    implementation = attention_implementation(model)
+    if not model.use_remove_padding or implementation in PACKED_SEQUENCE_ATTENTION:
+        return
+    packing = [name for name, several in _micro_batches(config) if several]
+    if packing:
+        problems.append(
+            f"model.use_remove_padding with attn_implementation {implementation!r} mixes the sequences packed into "
+            f"one micro-batch (each attends to the ones before it), and {', '.join(packing)} put several sequences "
+            "in one: use flash_attention_2, or set actor_rollout_ref.model.use_remove_padding=false, or keep one "
+            "sequence per micro-batch (micro batch size 1, no dynamic batch size)"
+        )
+
+
+def _micro_batches(config):
+    """(setting, whether a micro-batch can hold several sequences) for each pass through the actor/ref model."""
+    aro = config.actor_rollout_ref
+    world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+
+    def per_gpu(section, key):
+        value = section.get(f"{key}_per_gpu")
+        if value is None and section.get(key) is not None:
+            value = int(section.get(key)) // max(world, 1)
+        return value
+
+    sizes = {
+        "actor.ppo_micro_batch_size_per_gpu": per_gpu(aro.actor, "ppo_micro_batch_size"),
+        "ref.log_prob_micro_batch_size_per_gpu": per_gpu(aro.ref, "log_prob_micro_batch_size"),
+        "rollout.log_prob_micro_batch_size_per_gpu": per_gpu(aro.rollout, "log_prob_micro_batch_size"),
+    }
+    dynamic = {
+        "actor.use_dynamic_bsz": aro.actor.get("use_dynamic_bsz"),
+        "ref.log_prob_use_dynamic_bsz": aro.ref.get("log_prob_use_dynamic_bsz"),
+        "rollout.log_prob_use_dynamic_bsz": aro.rollout.get("log_prob_use_dynamic_bsz"),
+    }
+    return [(f"{k}={v}", v is not None and int(v) > 1) for k, v in sizes.items()] + [
+        (f"{k}=true", bool(v)) for k, v in dynamic.items()
+    ]
 
 
 def _check_model(config, problems, warnings):
@@ -94,8 +154,7 @@ def _check_model(config, problems, warnings):
 
 def _check_data(config, problems):
     for key in ("train_files", "val_files"):
-        files = config.data[key]
-        for f in [files] if isinstance(files, str) else list(files):
+        for f in _as_list(config.data[key]):
             if not Path(f).exists():
                 problems.append(
                     f"data.{key}: {f!r} not found from {os.getcwd()} (relative paths are taken from the current "
@@ -119,6 +178,37 @@ def _check_lengths(config, problems):
         )
     if int(config.seal.rollout.max_model_calls) < 1:
         problems.append("seal.rollout.max_model_calls must be >= 1")
+
+
+def _check_prompt_budget(config, problems):
+    """Every first prompt of the run (train rows in train mode, the others in validate mode) fits the budget."""
+    from env_service.client import EnvServiceError
+
+    from seal import prompt_budget
+
+    files = [f for key in ("train_files", "val_files") for f in _as_list(config.data[key])]
+    if not all(Path(f).exists() for f in files):
+        return  # _check_data names the missing files
+    budget = int(config.actor_rollout_ref.rollout.prompt_length)
+    env_params = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+    try:
+        model = config.actor_rollout_ref.model
+        longest = prompt_budget.longest(
+            str(model.path), env_params, prompt_budget.run_episodes(files), model.get("custom_chat_template")
+        )
+    except EnvServiceError as exc:
+        problems.append(f"the environment service cannot start an episode of the recipe's data: {exc.message}")
+        return
+    for prompt in longest.values():
+        if prompt.required > budget:
+            problems.append(
+                f"first prompts do not fit data.max_prompt_length ({budget}): {prompt.describe()}; raise "
+                "data.max_prompt_length (and actor_rollout_ref.rollout.max_model_len by as much) or shorten the prompt"
+            )
+
+
+def _as_list(files):
+    return [files] if isinstance(files, str) else list(files)
 
 
 def _check_batching(config, problems):
@@ -255,6 +345,22 @@ def train(config: DictConfig) -> None:
             ray.shutdown()
 
 
+def _print_memory_estimate(config: DictConfig) -> None:
+    if config.trainer.device != "cuda":
+        return
+    from seal.memory_estimate import estimate
+
+    found = estimate(config)
+    if found is None:
+        print(f"[seal] memory per GPU: not estimated ({config.actor_rollout_ref.model.path!r} has no local "
+              "config.json and is not in seal/memory_estimate.py's known-size table)")
+        return
+    for line in found.lines():
+        print(f"[seal] {line}")
+    for warning in found.warnings():
+        print(f"[seal] warning: {warning}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", required=True, help="recipe YAML, e.g. exp/SEAL.yaml")
@@ -267,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[seal] warning: {warning}")
         if args.dry_run:
             print(OmegaConf.to_yaml(config, resolve=True))
+            _print_memory_estimate(config)
             return 0
         with environment_service(config) as url:
             OmegaConf.set_struct(config, False)

@@ -30,6 +30,9 @@ SPEC_VALUES = {
     "model.path": ("actor_rollout_ref.model.path", "Qwen/Qwen2.5-7B-Instruct"),  # the paper's / release commit's
     "model.use_remove_padding": ("actor_rollout_ref.model.use_remove_padding", True),
     "model.enable_gradient_checkpointing": ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
+    # upstream left it to verl's default (flash attention); named here so the GPU install and preflight can see it
+    "model.override_config.attn_implementation": ("actor_rollout_ref.model.override_config.attn_implementation",
+                                                  "flash_attention_2"),
     "rollout.name": ("actor_rollout_ref.rollout.name", "vllm"),
     "rollout.mode": ("actor_rollout_ref.rollout.mode", "async"),
     "rollout.temperature": ("actor_rollout_ref.rollout.temperature", 1.0),
@@ -197,10 +200,15 @@ def test_backbone_variants_swap_only_the_model_and_its_format():
     base = flatten(resolved("SEAL"))
     for name, changed in {
         "qwen2.5_3b": {"actor_rollout_ref.model.path"},
-        "toolace2_8b": {"actor_rollout_ref.model.path", "env_service.bfcl.tool_prompt_mode"},
+        # ToolACE's tool docs need a longer prompt budget and, by as much, a longer context (tests/test_prompt_budget.py)
+        "toolace2_8b": {"actor_rollout_ref.model.path", "env_service.bfcl.tool_prompt_mode", "data.max_prompt_length",
+                        "actor_rollout_ref.rollout.max_model_len"},
     }.items():
         served = "actor_rollout_ref.rollout.prometheus.served_model_name"  # verl derives it from model.path
         changed = changed | {served}
+        if "data.max_prompt_length" in changed:  # verl interpolates the prompt length from it
+            changed |= {"actor_rollout_ref.rollout.prompt_length",
+                        "distillation.teacher_models.teacher_model.inference.prompt_length"}
         variant = flatten(resolved(name))
         assert {k for k in base if base[k] != variant[k]} - set(NAME_DERIVED) == changed
 

@@ -1,0 +1,240 @@
+"""Per-GPU memory of a recipe, estimated before a run (``launcher.py --dry-run`` prints it).
+
+What it adds up, per GPU, for the colocated (hybrid-engine) layout verl uses: the actor's parameters, gradients
+and Adam states sharded by FSDP over all GPUs (or offloaded to host memory); the reference model (sharded, or
+offloaded); vLLM's share, ``gpu_memory_utilization`` x GPU memory, of which what its weights and runtime do not
+take is KV cache. The KV cache's token capacity per rollout replica is compared with the contexts a step runs at
+once on that replica: its share of ``train_batch_size x n`` (or of the validation batch) sequences, at most
+``max_num_seqs`` running, each up to ``max_model_len`` tokens. When they do not fit, vLLM queues or preempts
+sequences: the rollout is slower, not wrong, so it is a warning.
+
+Model size comes from the model's ``config.json`` (a local directory), else from :data:`KNOWN_SHAPES` for the
+hub ids of the recipes (the same fields, copied from their config.json); anything else is not estimated.
+Activations (the actor's micro-batches, vLLM's prefill) are not modelled beyond a fixed runtime reserve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 1024**3
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
+#: Bytes per parameter of FSDP state: parameters and gradients in the model dtype, Adam's two fp32 moments.
+ADAM_STATE_BYTES = 8
+#: vLLM memory besides weights and KV cache: the CUDA context and the activation peak of its profiling run
+#: (chunked prefill of ``max_num_batched_tokens``). A rough, deliberately generous figure.
+VLLM_RUNTIME_RESERVE_GIB = 2.0
+#: GPU size assumed when no GPU is visible (the released recipe's 80 GB GPUs).
+ASSUMED_GPU_GIB = 80.0
+
+#: config.json fields of the recipes' hub models, for estimates where the hub cannot be read (offline, dry-run).
+KNOWN_SHAPES = {
+    "Qwen/Qwen2.5-0.5B-Instruct": {
+        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen2.5-3B-Instruct": {
+        "model_type": "qwen2", "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
+        "num_key_value_heads": 2, "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen2.5-7B-Instruct": {
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False,
+    },
+    "Team-ACE/ToolACE-2-Llama-3.1-8B": {
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False,
+    },
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (Qwen2 / Llama family: GQA attention, gated MLP, RMSNorm)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "ModelShape":
+        heads = int(cfg["num_attention_heads"])
+        return cls(
+            hidden=int(cfg["hidden_size"]),
+            layers=int(cfg["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            intermediate=int(cfg["intermediate_size"]),
+            vocab=int(cfg["vocab_size"]),
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
+        )
+
+    @property
+    def parameters(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * q + 2 * self.hidden * kv + q * self.hidden + (q + 2 * kv if self.qkv_bias else 0)
+        layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + two RMSNorms
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * layer + embeddings + self.hidden  # + the final norm
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes  # K and V of every layer
+
+
+def model_shape(model_path: str) -> tuple[ModelShape, str] | None:
+    """The model's shape and where it was read from; None when neither config.json nor the table has it."""
+    config_json = Path(model_path) / "config.json"
+    if config_json.is_file():
+        cfg = json.loads(config_json.read_text())
+        return ModelShape.from_config(cfg.get("text_config", cfg)), f"{config_json}"
+    if model_path in KNOWN_SHAPES:
+        return ModelShape.from_config(KNOWN_SHAPES[model_path]), "the known-size table (seal/memory_estimate.py)"
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    model: str
+    source: str
+    parameters: int
+    gpus: int
+    gpu_bytes: float
+    gpu_assumed: bool
+    actor_bytes: float  # per GPU: params + grads + Adam, sharded (0 for what is offloaded)
+    actor_host_bytes: float  # per GPU, offloaded parts
+    actor_dtype: str
+    ref_bytes: float
+    ref_host_bytes: float
+    ref_offload: bool
+    vllm_share_bytes: float
+    vllm_weight_bytes: float
+    kv_cache_bytes: float
+    kv_tokens: int  # per rollout replica
+    replicas: int
+    tensor_parallel: int
+    running_sequences: int  # per replica, at once
+    sequences_per_replica: int
+    context_tokens: int  # running_sequences x max_model_len
+    max_model_len: int
+    busiest_phase: str
+
+    @property
+    def rollout_total_bytes(self) -> float:
+        return self.actor_bytes + self.ref_bytes + self.vllm_share_bytes
+
+    def lines(self) -> list[str]:
+        gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+        gpu = f"{gib(self.gpu_bytes)} GPUs" + (" assumed (no GPU visible)" if self.gpu_assumed else "")
+        ref_place = "offloaded to host memory" if self.ref_offload else "on GPU"
+        return [
+            f"memory per GPU (estimate): {self.model}, {self.parameters / 1e9:.2f}B parameters from {self.source}; "
+            f"{self.gpus} x {gpu}",
+            f"  actor ({self.actor_dtype} parameters + gradients + Adam, FSDP over {self.gpus}): "
+            f"{gib(self.actor_bytes)}"
+            + (f" (+ {gib(self.actor_host_bytes)} offloaded to host)" if self.actor_host_bytes else ""),
+            f"  reference ({ref_place}): {gib(self.ref_bytes)}"
+            + (f" (+ {gib(self.ref_host_bytes)} on host)" if self.ref_offload else ""),
+            f"  vLLM share: {gib(self.vllm_share_bytes)} = weights {gib(self.vllm_weight_bytes)} + runtime reserve "
+            f"{VLLM_RUNTIME_RESERVE_GIB:.1f} GiB + KV cache {gib(self.kv_cache_bytes)} "
+            f"-> {self.kv_tokens:,} tokens per replica ({self.replicas} replicas x TP {self.tensor_parallel})",
+            f"  contexts at once ({self.busiest_phase}): {self.running_sequences} of {self.sequences_per_replica} "
+            f"sequences per replica x max_model_len {self.max_model_len} = {self.context_tokens:,} tokens",
+            f"  during rollout: {gib(self.rollout_total_bytes)} of {gib(self.gpu_bytes)}",
+        ]
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.kv_cache_bytes <= 0:
+            out.append(
+                f"vLLM's share ({self.vllm_share_bytes / GIB:.1f} GiB) does not hold its weights and runtime: raise "
+                "actor_rollout_ref.rollout.gpu_memory_utilization or tensor_model_parallel_size"
+            )
+        elif self.kv_tokens < self.context_tokens:
+            out.append(
+                f"the KV cache holds ~{self.kv_tokens:,} tokens per rollout replica but the {self.busiest_phase} runs "
+                f"{self.running_sequences} contexts of up to {self.max_model_len} tokens there ({self.context_tokens:,}): "
+                "vLLM will queue or preempt sequences (slower rollouts); raise rollout.gpu_memory_utilization, lower "
+                "rollout.max_num_seqs or rollout.max_model_len"
+            )
+        if self.rollout_total_bytes > self.gpu_bytes:
+            out.append(
+                f"actor, reference and vLLM together need ~{self.rollout_total_bytes / GIB:.1f} GiB per GPU of "
+                f"{self.gpu_bytes / GIB:.1f}: offload (actor.fsdp_config.param_offload / optimizer_offload, "
+                "ref.fsdp_config.param_offload) or lower rollout.gpu_memory_utilization"
+            )
+        return out
+
+
+def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
+    """The estimate for a composed recipe; None when the model's size is unknown. ``gpu_bytes``: memory of one
+    GPU (None: the visible GPU's, else :data:`ASSUMED_GPU_GIB`)."""
+    aro = config.actor_rollout_ref
+    found = model_shape(str(aro.model.path))
+    if found is None:
+        return None
+    shape, source = found
+    gpu_assumed = False
+    if gpu_bytes is None:
+        gpu_bytes, gpu_assumed = _visible_gpu_bytes(), False
+        if gpu_bytes is None:
+            gpu_bytes, gpu_assumed = ASSUMED_GPU_GIB * GIB, True
+    gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    params = shape.parameters
+    actor_cfg = aro.actor.fsdp_config
+    actor_dtype = str(actor_cfg.get("model_dtype") or "fp32")
+    weights = params * DTYPE_BYTES[actor_dtype] / gpus
+    optimizer = params * ADAM_STATE_BYTES / gpus
+    on_gpu = (0 if actor_cfg.param_offload else 2 * weights) + (0 if actor_cfg.optimizer_offload else optimizer)
+    ref_cfg = aro.ref.fsdp_config
+    ref_shard = params * DTYPE_BYTES[str(ref_cfg.get("model_dtype") or "fp32")] / gpus
+    rollout = aro.rollout
+    tp = int(rollout.tensor_model_parallel_size)
+    share = float(rollout.gpu_memory_utilization) * gpu_bytes
+    vllm_weights = params * DTYPE_BYTES[str(rollout.dtype)] / tp
+    kv_bytes = share - vllm_weights - VLLM_RUNTIME_RESERVE_GIB * GIB
+    replicas = max(gpus // tp, 1)
+    kv_tokens = max(int(kv_bytes * tp // shape.kv_bytes_per_token(DTYPE_BYTES[str(rollout.dtype)])), 0)
+    phase, per_replica = _busiest_phase(config, replicas)
+    running = min(per_replica, int(rollout.max_num_seqs))
+    max_model_len = int(rollout.max_model_len or int(rollout.prompt_length) + int(rollout.response_length))
+    return MemoryEstimate(
+        model=str(aro.model.path), source=source, parameters=params, gpus=gpus, gpu_bytes=gpu_bytes,
+        gpu_assumed=gpu_assumed, actor_bytes=on_gpu, actor_host_bytes=2 * weights + optimizer - on_gpu,
+        actor_dtype=actor_dtype, ref_bytes=0 if ref_cfg.param_offload else ref_shard, ref_host_bytes=ref_shard,
+        ref_offload=bool(ref_cfg.param_offload), vllm_share_bytes=share, vllm_weight_bytes=vllm_weights,
+        kv_cache_bytes=kv_bytes, kv_tokens=kv_tokens, replicas=replicas, tensor_parallel=tp,
+        running_sequences=running, sequences_per_replica=per_replica, context_tokens=running * max_model_len,
+        max_model_len=max_model_len, busiest_phase=phase,
+    )
+
+
+def _busiest_phase(config, replicas: int) -> tuple[str, int]:
+    """(phase, sequences per rollout replica) of the train step or validation, whichever runs more at once."""
+    rollout = config.actor_rollout_ref.rollout
+    train = int(config.data.train_batch_size) * int(rollout.n)
+    val_batch = config.data.get("val_batch_size")
+    val = int(val_batch) * int(rollout.val_kwargs.n) if val_batch else 0
+    phase, sequences = ("validation", val) if val > train else ("train step", train)
+    return phase, math.ceil(sequences / replicas)
+
+
+def _visible_gpu_bytes() -> float | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.get_device_properties(0).total_memory)
+    except Exception:
+        return None
+    return None
