@@ -14,15 +14,16 @@ import json
 import random
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from env_service.vocabulary import CATEGORY_NAMES as CATEGORIES
 from seal.apatch import APatchConfig, apply_apatch
 from seal.capability_state import CapabilityState
 
-CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 # Rough shape of early-training tags: mostly pass, a spread of failures, rare scorer errors.
 TAG_POOL = (
     ["pass"] * 10
@@ -77,8 +78,9 @@ def _interleaved_medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dic
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def measure(batch: int = 256, response_len: int = 4096, repeats: int = 50, seed: int = 0,
-            threads: int | None = 1) -> dict[str, Any]:
+def measure(
+    batch: int = 256, response_len: int = 4096, repeats: int = 50, seed: int = 0, threads: int | None = 1
+) -> dict[str, Any]:
     """Median seconds for GRPO and for the SEAL part, and their ratio, from one run.
 
     ``threads`` sets torch's intra-op threads for the measurement (restored afterwards). Default 1:
@@ -142,8 +144,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(r, indent=2))
         return
-    print(f"batch {r['batch']} x response_len {r['response_len']}, median of {r['repeats']}, "
-          f"{r['torch_threads']} torch threads")
+    print(
+        f"batch {r['batch']} x response_len {r['response_len']}, median of {r['repeats']}, "
+        f"{r['torch_threads']} torch threads"
+    )
     print(f"  verl GRPO advantage                  {r['grpo_s'] * 1e3:9.3f} ms")
     print(f"  SEAL observe + dynamic + A-Patch     {r['seal_s'] * 1e3:9.3f} ms")
     print(f"    of which state observe             {r['observe_s'] * 1e3:9.3f} ms")

@@ -1,64 +1,70 @@
-"""A-Patch: diagnosis-guided scaling of GRPO advantages (SPEC A1, B §6.2).
+"""A-Patch: diagnosis-guided scaling of GRPO advantages, and the closed loop that moves its weights.
 
-Each trajectory carries one diagnosis tag per ground-truth user turn. Its advantage row is multiplied
-by ``clip(mean weight over its tags, min_scale, max_scale)``. The scale is strictly positive, so the
-sign of every advantage — and therefore the verifier's ranking inside a GRPO group — never changes;
-rows whose GRPO advantage is zero stay zero. With the closed loop on, the weights are first moved by
-the capability state (`CapabilityState.update_dynamic_tag_weights`, SPEC B §6.3).
+Each trajectory carries one diagnosis tag per ground-truth user turn. Its advantage row is multiplied by
 
-Deliberate differences from the released code:
-* Zero is a value. Upstream read ``ema_beta``, ``prevalence_alpha``, ``confidence_samples``,
-  ``warmup_steps`` and budget ``strength`` as ``x or default``, so an explicit 0 silently became the
-  default. Here 0 means 0 (e.g. ``ema_beta: 0`` freezes the weights at their static values).
-* Config is validated: unknown keys, wrong types and out-of-range values raise ``ValueError``.
-* ``tag_weights`` overrides may add new tags from any mapping (upstream only from a plain ``dict``,
-  not from a Hydra ``DictConfig``).
-* ``dynamic.enable`` defaults to true and takes effect only when a capability state is passed
-  (upstream: defaults to "a state exists", which is the same in practice).
-* Budget renormalisation happens only when ``budget.target_mean`` is set (upstream: ``normalize_mean``
-  defaulting to true with target 1.0). Budget is off in every recipe.
-* `apply_apatch` returns a new tensor instead of scaling the batch in place.
+    scale = clip(mean over its tags t of w_t, min_scale, max_scale)
+
+(scorer tags such as ``checker_error`` do not count; a row with no effective tag keeps scale 1). The scale is
+strictly positive, so the sign of every advantage — and the verifier's ranking inside a GRPO group — never
+changes, and rows whose GRPO advantage is zero stay zero. With the closed loop on, the weights w are first moved
+toward what the capability state shows (`dynamic_weights`):
+
+    target_t = clip(base_t · (1 + alpha · (n_t / N) · (1 − mean reward_t) · min(1, n_t / C)), min_scale, max_scale)
+    w_t     ← (1 − beta) · w_t + beta · target_t
+
+docs/method.md derives both; docs/upstream-differences.md lists where this module departs from the released code
+(zeros in the config are values, the config is validated, the budget renormalises only on request).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from seal.capability_state import EXCLUDED_TAGS, CapabilityState
+from env_service.vocabulary import (
+    LABEL_ARGUMENT_MISMATCH,
+    LABEL_INVALID_TOOL_CALL,
+    LABEL_MISSING_TOOL_CALL,
+    LABEL_PASS,
+    LABEL_RECOVERY_FAILURE,
+    LABEL_RESPONSE_MISMATCH,
+    LABEL_STATE_MISMATCH,
+    SCORER_TAGS,
+    TAG_CORRECT_ABSTENTION,
+    TAG_EMPTY_TURN,
+    TAG_INSTANCE_MISMATCH,
+    TAG_PASS,
+    TAG_RESPONSE_MISMATCH,
+    TAG_SPURIOUS_TOOL_CALL,
+    TAG_STATE_MISMATCH,
+)
+from seal.capability_state import CapabilityState, CapabilityStats
 
-# Upstream's static utility weights (SEAL.yaml). Tags not listed weigh 1.0.
+# The released recipe's static utility weights. Tags not listed weigh 1.0.
 DEFAULT_TAG_WEIGHTS: dict[str, float] = {
-    "spurious_tool_call": 2.0,
-    "correct_abstention": 1.8,
-    "empty_turn_model_response": 1.5,
-    "state_mismatch": 1.0,
-    "response_mismatch": 0.9,
-    "instance_mismatch": 0.6,
-    "pass": 1.0,
+    TAG_SPURIOUS_TOOL_CALL: 2.0,
+    TAG_CORRECT_ABSTENTION: 1.8,
+    TAG_EMPTY_TURN: 1.5,
+    TAG_STATE_MISMATCH: 1.0,
+    TAG_RESPONSE_MISMATCH: 0.9,
+    TAG_INSTANCE_MISMATCH: 0.6,
+    TAG_PASS: 1.0,
 }
 
-# OURS — the paper's Table-5 labels have no released weights. Chosen to mirror the progress-tag
-# weights wherever a label has a progress-tag counterpart, so switching vocabulary changes the
-# evidence, not the emphasis:
-#   state_mismatch / response_mismatch / pass: same meaning as the progress tags → same weights;
-#   invalid_tool_call 2.0: unparseable call or a tool that does not exist — the sharpest interface
-#     error, like spurious_tool_call (calling at all when nothing may be called);
-#   missing_tool_call 1.5: skipped a needed call / answered too early, like empty_turn_model_response;
-#   argument_mismatch 1.5: right tool, wrong field/type/enum — actionable and specific;
-#   recovery_failure 1.2: got executable error feedback and did not recover — actionable but often
-#     a consequence of an earlier error already weighted by another label.
+# Ours: the paper's labels have no released weights. They mirror the progress-tag weights wherever a label has a
+# progress-tag counterpart, so switching vocabulary changes the evidence, not the emphasis (docs/method.md).
 DEFAULT_LABEL_WEIGHTS: dict[str, float] = {
-    "invalid_tool_call": 2.0,
-    "argument_mismatch": 1.5,
-    "state_mismatch": 1.0,
-    "recovery_failure": 1.2,
-    "missing_tool_call": 1.5,
-    "response_mismatch": 0.9,
-    "pass": 1.0,
+    LABEL_INVALID_TOOL_CALL: 2.0,  # the sharpest interface error, like spurious_tool_call
+    LABEL_ARGUMENT_MISMATCH: 1.5,  # right tool, wrong field / type / value: specific and actionable
+    LABEL_STATE_MISMATCH: 1.0,
+    LABEL_RECOVERY_FAILURE: 1.2,  # actionable, but often the consequence of an error another label weighs
+    LABEL_MISSING_TOOL_CALL: 1.5,  # like empty_turn_model_response
+    LABEL_RESPONSE_MISMATCH: 0.9,
+    LABEL_PASS: 1.0,
 }
 
 APPLY_TO = ("all", "positive_advantage", "negative_advantage")
@@ -116,7 +122,7 @@ class APatchConfig:
     # field holds the merged map).
     tag_weights: dict[str, float] = field(default_factory=dict)
     label_weights: dict[str, float] = field(default_factory=dict)
-    excluded_tags: tuple[str, ...] = EXCLUDED_TAGS
+    excluded_tags: tuple[str, ...] = SCORER_TAGS
     dynamic: DynamicConfig = field(default_factory=DynamicConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
@@ -154,7 +160,7 @@ class APatchConfig:
         return self.max_scale if self.budget.max_scale is None else self.budget.max_scale
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any] | None) -> "APatchConfig":
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> APatchConfig:
         """Build from the recipe's ``seal.apatch`` block (upstream ``tocf.advantage.apatch``; plain or OmegaConf).
         Unknown keys raise ``ValueError``; missing keys take the defaults; zeros stay zeros."""
         return _build(cls, _plain(raw), "apatch")
@@ -253,10 +259,15 @@ def row_tags(row: Sequence[str] | None) -> list[str]:
     return [str(t) for t in row if t]
 
 
-def row_scale(tags: Sequence[str], weights: Mapping[str, float], min_scale: float, max_scale: float,
-              excluded: Sequence[str] = EXCLUDED_TAGS) -> float:
+def row_scale(
+    tags: Sequence[str],
+    weights: Mapping[str, float],
+    min_scale: float,
+    max_scale: float,
+    excluded: Sequence[str] = SCORER_TAGS,
+) -> float:
     """clip(mean weight over the effective tags, min, max); 1.0 when no tag is effective.
-    checker_error/gt_error are scorer problems, not model behaviour, so they do not count."""
+    The excluded tags (by default the scorer's own problems) say nothing about the model, so they do not count."""
     effective = [t for t in tags if t not in excluded]
     if not effective:
         return 1.0
@@ -264,14 +275,20 @@ def row_scale(tags: Sequence[str], weights: Mapping[str, float], min_scale: floa
     return min(max_scale, max(min_scale, raw))
 
 
-def per_row_scales(tags: Sequence[Sequence[str] | None], weights: Mapping[str, float], min_scale: float,
-                   max_scale: float, excluded: Sequence[str] = EXCLUDED_TAGS) -> list[float]:
+def per_row_scales(
+    tags: Sequence[Sequence[str] | None],
+    weights: Mapping[str, float],
+    min_scale: float,
+    max_scale: float,
+    excluded: Sequence[str] = SCORER_TAGS,
+) -> list[float]:
     """Pre-budget scale of every row (rows without tags → 1.0)."""
     return [row_scale(row_tags(r), weights, min_scale, max_scale, excluded) for r in tags]
 
 
-def apply_budget(scales: list[float], tagged: Sequence[int], budget: BudgetConfig, lo: float,
-                 hi: float) -> tuple[list[float], float, float]:
+def apply_budget(
+    scales: list[float], tagged: Sequence[int], budget: BudgetConfig, lo: float, hi: float
+) -> tuple[list[float], float, float]:
     """Soften the tagged rows' scales toward 1, clamp, optionally renormalise their mean, clamp.
     Returns (new scales, mean before, mean after) over the tagged rows (1.0 when there are none)."""
     if not tagged:
@@ -299,6 +316,48 @@ def scale_advantages(advantages: torch.Tensor, scales: Sequence[float], apply_to
     return torch.where(selected, advantages * s, advantages)
 
 
+# ---------------------------------------------------------------------------------------- closed loop
+def dynamic_weights(
+    base: Mapping[str, float], previous: Mapping[str, float], evidence: Mapping[str, CapabilityStats], cfg: APatchConfig
+) -> dict[str, float] | None:
+    """One closed-loop step: the weights A-Patch uses now, moved from ``previous`` toward what ``evidence`` shows.
+
+    ``base``: the static weights; ``previous``: the weights of the last step ({} at first); ``evidence``: the
+    capability state's per-tag counts and mean rewards. N = occurrences of non-excluded tags in ``evidence``;
+    N = 0 → None (nothing to learn from: the caller keeps the static weights). Otherwise, for every tag in
+    base ∪ evidence ∪ previous: an excluded tag's target is 1, ``pass`` keeps its base weight, any other tag t
+    seen n_t times with mean reward r_t gets
+
+        target_t = base_t · (1 + alpha · (n_t / N) · (1 − r_t) · min(1, n_t / C))
+
+    clamped to [min_scale, max_scale], and the new weight is (1 − beta) · previous_t + beta · target_t (previous_t
+    defaults to base_t). C = ``confidence_samples``; below 1 it acts as 1 (full confidence from the first
+    sample), as in the released code: that avoids a division by zero rather than redefining 0.
+    """
+    excluded = frozenset(cfg.excluded_tags)
+    n_total = sum(s.count for t, s in evidence.items() if t not in excluded)
+    if n_total <= 0:
+        return None
+    dyn = cfg.dynamic
+    confidence_div = max(1, int(dyn.confidence_samples))
+    updated: dict[str, float] = {}
+    for tag in sorted(set(base) | set(evidence) | set(previous)):
+        base_t = float(base.get(tag, 1.0))
+        if tag in excluded:
+            target = 1.0
+        elif tag == TAG_PASS:
+            target = base_t
+        else:
+            stats = evidence.get(tag, CapabilityStats())
+            prevalence = stats.count / n_total
+            stagnation = 1.0 - stats.reward_mean
+            confidence = min(1.0, stats.count / confidence_div)
+            target = base_t * (1.0 + dyn.prevalence_alpha * prevalence * stagnation * confidence)
+        target = min(cfg.max_scale, max(cfg.min_scale, target))
+        updated[tag] = (1.0 - dyn.ema_beta) * float(previous.get(tag, base_t)) + dyn.ema_beta * target
+    return updated
+
+
 # ---------------------------------------------------------------------------------------- entry
 def apply_apatch(
     advantages: torch.Tensor,
@@ -309,8 +368,8 @@ def apply_apatch(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scale GRPO advantages [B, R] by per-trajectory tag weights. Returns (new advantages, metrics).
 
-    Order (SPEC B §1.6 step 13): warmup check → dynamic weight update (closed loop on and a state
-    given) → per-row scales → optional budget → scaling per ``apply_to``.
+    Order (the released code's): warmup check → closed-loop weight update (on, and a state given; the state keeps
+    the new weights) → per-row scales → optional budget → scaling per ``apply_to``.
     ``tags[i]`` is row i's tag list in the configured vocabulary; None/[] = no tags.
     """
     if not isinstance(cfg, APatchConfig):
@@ -319,7 +378,9 @@ def apply_apatch(
     if not cfg.enable:
         return advantages, {f"{p}/enabled": 0.0}
     if advantages.dim() < 1 or advantages.shape[0] != len(tags):
-        raise ValueError(f"advantages have {advantages.shape[0] if advantages.dim() else 0} rows but {len(tags)} tag lists")
+        raise ValueError(
+            f"advantages have {advantages.shape[0] if advantages.dim() else 0} rows but {len(tags)} tag lists"
+        )
     if global_step < cfg.warmup_steps:
         # Upstream also skips the weight update during warmup: the closed loop starts with scaling.
         return advantages, {f"{p}/enabled": 1.0, f"{p}/warmup_skipped": 1.0, f"{p}/scaled_count": 0.0}
@@ -327,15 +388,10 @@ def apply_apatch(
     weights = resolve_weights(cfg)
     dynamic_on = cfg.dynamic.enable and state is not None
     if dynamic_on:
-        weights = state.update_dynamic_tag_weights(
-            weights,
-            min_scale=cfg.min_scale,
-            max_scale=cfg.max_scale,
-            ema_beta=cfg.dynamic.ema_beta,
-            alpha=cfg.dynamic.prevalence_alpha,
-            confidence_samples=cfg.dynamic.confidence_samples,
-            excluded=cfg.excluded_tags,
-        )
+        moved = dynamic_weights(weights, state.dynamic_tag_weights, state.tag_evidence(), cfg)
+        if moved is not None:  # without evidence this step uses the static weights and the state keeps its own
+            state.dynamic_tag_weights = moved
+            weights = dict(moved)
 
     rows = [row_tags(r) for r in tags]
     tagged = [i for i, r in enumerate(rows) if r]

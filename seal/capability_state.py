@@ -1,14 +1,10 @@
-"""Capability state: how often each diagnosis tag appears and how badly it does (SPEC B §6.3).
+"""Capability state: how often each diagnosis tag appears and how well trajectories carrying it do.
 
-The state is the memory of SEAL's closed loop. Each trajectory's per-turn tags are observed into
-*total* buckets (whole run) and *window* buckets (since the last epoch end); the window (or, when
-empty, the total) then moves the per-tag utility weights that A-Patch uses (`update_dynamic_tag_weights`).
-
-Differences from the released code, both deliberate:
-* ownership: the file records a ``run_id`` and `CapabilityState.open` only restores a file written by
-  the same run when resuming (upstream silently resumed any ``capability_state.json`` it found,
-  SPEC B §9.2 item 11);
-* saving is atomic (temporary file + fsync + ``os.replace``), so a crash never leaves half a file.
+The state is the memory of SEAL's closed loop. Each trajectory's per-turn tags are observed into *total* buckets
+(whole run) and *window* buckets (since the last epoch end); `tag_evidence` hands A-Patch the window (or, when it
+is empty, the totals), from which `seal.apatch.dynamic_weights` moves the per-tag weights this state then keeps.
+The file records the run that wrote it, and `CapabilityState.open` restores it only into that run when resuming
+(docs/upstream-differences.md).
 """
 
 from __future__ import annotations
@@ -18,17 +14,16 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
+
+from env_service.files import atomic_write_json
+from env_service.vocabulary import NO_CATEGORY, TAG_PASS, UNKNOWN
 
 logger = logging.getLogger(__name__)
 
-EXCLUDED_TAGS: tuple[str, ...] = ("checker_error", "gt_error")
-UNKNOWN_TAG = "unknown"
-PASS_TAG = "pass"
-NO_CATEGORY = "_none"
 FORMAT_VERSION = 1
 
 # Bucket families; each exists as a total and a window version.
@@ -80,7 +75,7 @@ class CapabilityStats:
         }
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "CapabilityStats":
+    def from_dict(cls, raw: Mapping[str, Any]) -> CapabilityStats:
         return cls(
             count=int(raw.get("count", 0)),
             success=int(raw.get("success", 0)),
@@ -114,10 +109,10 @@ def pack_key(prefix: str, tag: str) -> str:
 def dominant_tag(tags: Iterable[str]) -> str:
     """Most common non-pass tag (ties: first seen), else ``pass``, else ``unknown``."""
     tags = list(tags)
-    non_pass = [t for t in tags if t != PASS_TAG]
+    non_pass = [t for t in tags if t != TAG_PASS]
     if non_pass:
         return Counter(non_pass).most_common(1)[0][0]  # most_common is stable: first seen wins ties
-    return PASS_TAG if PASS_TAG in tags else UNKNOWN_TAG
+    return TAG_PASS if TAG_PASS in tags else UNKNOWN
 
 
 def clean_tags(tags: Iterable[str] | None) -> list[str]:
@@ -125,46 +120,7 @@ def clean_tags(tags: Iterable[str] | None) -> list[str]:
     if isinstance(tags, str):
         raise TypeError(f"tags must be a sequence of strings, got the string {tags!r}")
     cleaned = [str(t) for t in (tags or []) if t]
-    return cleaned or [UNKNOWN_TAG]
-
-
-def atomic_write_json(path: str, payload: Any) -> None:
-    """Write JSON so that ``path`` is either the old file or the complete new one, never partial.
-
-    tmp file in the same directory (same filesystem, so ``os.replace`` is atomic) → fsync → replace →
-    best-effort fsync of the directory so the rename itself survives a power cut.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, ensure_ascii=False, indent=2, allow_nan=False)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # Leave no stray temporary file behind; the previous `path` (if any) is untouched.
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass  # not supported on every filesystem; the data file itself is already synced
-    finally:
-        os.close(dir_fd)
+    return cleaned or [UNKNOWN]
 
 
 class CapabilityState:
@@ -237,7 +193,7 @@ class CapabilityState:
                 "reward_sum": 0.0,
                 "last_reward": 0.0,
                 "last_success": False,
-                "last_tag": UNKNOWN_TAG,
+                "last_tag": UNKNOWN,
                 "tag_counts": {},
                 "last_step": None,
             },
@@ -257,67 +213,17 @@ class CapabilityState:
         self.window = {f: {} for f in _FAMILIES}
 
     # ------------------------------------------------------------------ closed loop
-    def update_dynamic_tag_weights(
-        self,
-        base: Mapping[str, float],
-        min_scale: float,
-        max_scale: float,
-        ema_beta: float,
-        alpha: float,
-        confidence_samples: int,
-        excluded: Iterable[str] = EXCLUDED_TAGS,
-    ) -> dict[str, float]:
-        """One closed-loop step (SPEC B §6.3), stored in ``dynamic_tag_weights`` and returned.
-
-        source = window tags if non-empty else total tags; N = occurrences of non-excluded tags.
-        N = 0 → return ``base`` unchanged (nothing stored). Otherwise for every tag in
-        base ∪ source ∪ previous dynamic weights:
-          excluded → target 1.0;  pass → target base_t;
-          else target = base_t · (1 + alpha · (count_t/N) · (1 − reward_mean_t) · min(1, count_t/C));
-          target clamped to [min_scale, max_scale];
-          new_t = (1 − β)·prev_t + β·target, prev_t = previous dynamic weight or base_t.
-        ``confidence_samples`` below 1 behaves as 1 (full confidence from the first sample), which is
-        also what the released code does; it avoids a division by zero rather than redefining 0.
-        """
-        if not 0.0 <= ema_beta <= 1.0:
-            raise ValueError(f"ema_beta must be in [0, 1], got {ema_beta!r}")
-        if min_scale > max_scale:
-            raise ValueError(f"min_scale {min_scale!r} > max_scale {max_scale!r}")
-        excluded = frozenset(excluded)
-        source = self.window["tags"] or self.total["tags"]
-        n_total = sum(s.count for t, s in source.items() if t not in excluded)
-        if n_total <= 0:
-            return dict(base)
-        confidence_div = max(1, int(confidence_samples))
-        updated: dict[str, float] = {}
-        for tag in sorted(set(base) | set(source) | set(self.dynamic_tag_weights)):
-            base_t = float(base.get(tag, 1.0))
-            if tag in excluded:
-                target = 1.0
-            elif tag == PASS_TAG:
-                target = base_t
-            else:
-                stats = source.get(tag, CapabilityStats())
-                prevalence = stats.count / n_total
-                stagnation = 1.0 - stats.reward_mean
-                confidence = min(1.0, stats.count / confidence_div)
-                target = base_t * (1.0 + alpha * prevalence * stagnation * confidence)
-            target = min(max_scale, max(min_scale, target))
-            previous = float(self.dynamic_tag_weights.get(tag, base_t))
-            updated[tag] = (1.0 - ema_beta) * previous + ema_beta * target
-        self.dynamic_tag_weights = updated
-        return dict(updated)
+    def tag_evidence(self) -> dict[str, CapabilityStats]:
+        """What the closed loop learns from: the window's tag buckets, or the totals while the window is empty."""
+        return self.window["tags"] or self.total["tags"]
 
     # ------------------------------------------------------------------ read-outs
-    def has_window(self) -> bool:
-        return bool(self.window["tags"])
-
     def failure_profile(self, per_category: bool = False) -> dict[str, Any]:
         """What the environment service's capability cues consume:
         ``{"step", "tags": {tag: {count, reward_mean}}, "categories": {category: {tag: {...}}}}``,
-        from the window when it has data, else from the totals (same choice as the weight update).
+        from the window when it has data, else from the totals (the same choice as `tag_evidence`).
         ``categories`` is filled only when ``per_category`` is true."""
-        buckets = self.window if self.has_window() else self.total
+        buckets = self.window if self.window["tags"] else self.total
         profile: dict[str, Any] = {
             "step": int(self.last_step or 0),
             "tags": {t: _profile_entry(s) for t, s in sorted(buckets["tags"].items())},
@@ -374,7 +280,7 @@ class CapabilityState:
         return target
 
     @classmethod
-    def load(cls, path: str) -> "CapabilityState":
+    def load(cls, path: str) -> CapabilityState:
         """Read a state file as is (no ownership check; see `open`)."""
         try:
             with open(path, encoding="utf-8") as handle:
@@ -388,13 +294,13 @@ class CapabilityState:
         return state
 
     @classmethod
-    def open(cls, path: str, run_id: str, resume: bool) -> "CapabilityState":
+    def open(cls, path: str, run_id: str, resume: bool) -> CapabilityState:
         """The state this run should use, bound to ``path``.
 
         Restores the file only when ``resume`` is true and the file was written by ``run_id``.
         A file from another run (or any file when not resuming) is NOT inherited: the run starts
-        fresh, says so loudly, and the file is overwritten at the next `save`. Upstream silently
-        merged such a file into a new run (SPEC B §9.2 item 11), which contaminates ablations.
+        fresh, says so loudly, and the file is overwritten at the next `save`: inheriting another run's
+        failure profile would contaminate an ablation (docs/upstream-differences.md).
         """
         if not run_id:
             raise ValueError("CapabilityState.open needs a non-empty run_id")

@@ -1,10 +1,10 @@
-"""Training-time diagnostics (SPEC B §6.4): per-category statistics, error strings seen in the
-environment's observations, per-epoch JSON dumps, and a plot of the dynamic tag weights.
+"""Training-time diagnostics: per-category window metrics, error strings seen in the environment's observations,
+per-epoch JSON dumps, and a plot of values over training steps (tag weights, validation accuracy).
 
-This collector never changes training; it only observes. It also forwards every trajectory to the
-`CapabilityState`, feeding it the vocabulary that drives A-Patch (progress tags by default, the
-paper's labels when ``apatch.vocabulary = paper_labels``), so the closed loop sees the same evidence
-that the scaling uses. Both vocabularies are counted here regardless, so a dump always shows both.
+This collector never changes training; it only observes. It forwards every trajectory to the `CapabilityState`,
+feeding it the vocabulary that drives A-Patch (progress tags by default, the paper's labels when
+``apatch.vocabulary = paper_labels``), so the closed loop sees the same evidence the scaling uses. The other
+vocabulary is counted here, so a dump always shows both.
 """
 
 from __future__ import annotations
@@ -12,43 +12,26 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from seal.apatch import VOCABULARIES, vocabulary_field
-from seal.capability_state import (
-    NO_CATEGORY,
-    CapabilityState,
-    CapabilityStats,
-    atomic_write_json,
-    clean_tags,
-)
+from env_service.files import atomic_write_json
+from env_service.vocabulary import ERROR_MARKER, EXECUTION_ERROR_PREFIX, task_category
+from seal.apatch import VOCABULARIES, VOCABULARY_FIELD, vocabulary_field
+from seal.capability_state import CapabilityState, CapabilityStats, clean_tags
 
-# Error strings counted in observation texts (SPEC B §6.4); a pattern with a group counts the group.
+# Error strings counted in observation texts (the released code's patterns, plus bfcl's execution errors, which
+# they missed); a pattern with a group counts the group.
 ERROR_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"\[ERROR\][^\n]*"),
+    re.compile(re.escape(ERROR_MARKER) + r"[^\n]*"),
     re.compile(r'"error"\s*:\s*"([^"]+)"'),
     re.compile(r"Error from environment:[^\]]+"),
-    # BFCL's own execution errors: upstream's patterns missed them (like its feedback detector, SPEC B §2.9).
-    re.compile(r"Error during execution:[^\n]*"),
+    re.compile(re.escape(EXECUTION_ERROR_PREFIX.rstrip()) + r"[^\n]*"),
 )
 ERROR_KEY_CHARS = 200
 TOP_ERRORS = 20
 METRIC_WINDOW = "seal/window"
 METRIC_STATE = "seal/state"
-
-_BFCL_ID = re.compile(r"^multi_turn_(base|miss_func|miss_param|long_context)_\d+$")
-_TRAILING_INDEX = re.compile(r"_\d+$")
-
-
-def infer_category(task_id: str | None) -> str:
-    """Category from a task id when the trajectory does not say (SPEC B §6.5):
-    ``multi_turn_<cat>_<n>`` → ``multi_turn_<cat>``; otherwise the id without a trailing ``_<n>``."""
-    if not task_id:
-        return NO_CATEGORY
-    match = _BFCL_ID.match(task_id)
-    if match:
-        return f"multi_turn_{match.group(1)}"
-    return _TRAILING_INDEX.sub("", task_id) or NO_CATEGORY
 
 
 def find_errors(text: str) -> list[str]:
@@ -62,15 +45,18 @@ def find_errors(text: str) -> list[str]:
 
 
 class DiagnosticStats:
+    """Observes training batches: per-category and per-tag counts live in the capability state (window and total);
+    this collector adds the counts of the vocabulary that does not drive A-Patch, the error strings, and the
+    weights used per step."""
+
     def __init__(self, state: CapabilityState | None = None, vocabulary: str = "progress_tags"):
         if vocabulary not in VOCABULARIES:
             raise ValueError(f"vocabulary must be one of {list(VOCABULARIES)}, got {vocabulary!r}")
         self.state = state if state is not None else CapabilityState()
         self.vocabulary = vocabulary
-        self.total: dict[str, CapabilityStats] = {}
-        self.window: dict[str, CapabilityStats] = {}
-        # Per-occurrence stats of both vocabularies (window), independent of which one drives A-Patch.
-        self.window_items: dict[str, dict[str, CapabilityStats]] = {"tags": {}, "labels": {}}
+        self.drive_field = vocabulary_field(vocabulary)
+        (self.other_field,) = set(VOCABULARY_FIELD.values()) - {self.drive_field}
+        self.other_window: dict[str, CapabilityStats] = {}  # window counts of the other vocabulary
         self.errors: Counter[str] = Counter()
         self.last_epoch: int | str | None = None
         self.last_step: int | None = None
@@ -78,31 +64,28 @@ class DiagnosticStats:
         self.failed_skipped = 0  # window count of failed episodes left out of the statistics
 
     # ------------------------------------------------------------------ observation
-    def observe_batch(self, trajectories: Iterable[Mapping[str, Any]], epoch: int | str | None = None,
-                      global_step: int | None = None) -> None:
+    def observe_batch(
+        self, trajectories: Iterable[Mapping[str, Any]], epoch: int | str | None = None, global_step: int | None = None
+    ) -> None:
         """Observe a training batch. A trajectory is a mapping with ``task_id``, ``category``
-        (optional: inferred from the id), ``reward``, optional ``success`` (default reward >= 1),
+        (optional: derived from the id), ``reward``, optional ``success`` (default reward >= 1),
         ``tags``, ``labels`` and ``env_texts`` (the environment's observation texts). Trajectories
         marked ``failed`` are skipped (counted in ``failed_skipped``)."""
         self.last_epoch = epoch
         self.last_step = global_step
-        drive = vocabulary_field(self.vocabulary)
         for traj in trajectories:
             if traj.get("failed"):
-                # An episode that never completed (retries exhausted, SPEC A5.6) carries no verdict and
-                # no diagnosis; observing it as reward 0 / "unknown" would skew the closed loop.
+                # An episode the environment could not run carries no verdict and no diagnosis; observing it as
+                # reward 0 / "unknown" would skew the closed loop (seal/env_failures.py).
                 self.failed_skipped += 1
                 continue
             task_id = traj.get("task_id")
-            category = traj.get("category") or infer_category(task_id)
+            category = traj.get("category") or task_category(task_id)
             reward = float(traj.get("reward") or 0.0)
             success = bool(traj.get("success", False)) or reward >= 1.0
-            for buckets in (self.total, self.window):
-                buckets.setdefault(category, CapabilityStats()).observe(reward, success)
-            for kind in ("tags", "labels"):
-                for item in clean_tags(traj.get(kind)):
-                    self.window_items[kind].setdefault(item, CapabilityStats()).observe(reward, success)
-            self.state.observe(category, task_id, reward, success, traj.get(drive), epoch, global_step)
+            for item in clean_tags(traj.get(self.other_field)):
+                self.other_window.setdefault(item, CapabilityStats()).observe(reward, success)
+            self.state.observe(category, task_id, reward, success, traj.get(self.drive_field), epoch, global_step)
             for text in traj.get("env_texts") or ():
                 self.errors.update(find_errors(str(text)))
 
@@ -115,7 +98,7 @@ class DiagnosticStats:
         """Window per-category metrics and capability-state metrics. Called right after
         `observe_batch`, the dynamic weights shown are the ones from the previous step's update."""
         out: dict[str, float] = {}
-        for category, stats in sorted(self.window.items()):
+        for category, stats in sorted(self.state.window["categories"].items()):
             base = f"{METRIC_WINDOW}/{category}"
             out[f"{base}/count"] = float(stats.count)
             out[f"{base}/success_rate"] = stats.success_rate
@@ -133,19 +116,23 @@ class DiagnosticStats:
     def snapshot(self) -> dict[str, Any]:
         """Window snapshot (what `dump` writes)."""
         cap = self.state.snapshot(window=True)
+        per_field = {
+            self.drive_field: cap["tags"],
+            self.other_field: {k: s.snapshot() for k, s in sorted(self.other_window.items())},
+        }
         return {
             "epoch": self.last_epoch,
             "global_step": self.last_step,
             "vocabulary": self.vocabulary,
-            "categories": {c: s.snapshot() for c, s in sorted(self.window.items())},
+            "categories": cap["categories"],
             "tags": cap["tags"],
             "category_tags": cap["category_tags"],
             "turn_positions": cap["turn_positions"],
             "tasks": cap["tasks"],
             "dynamic_tag_weights": cap["dynamic_tag_weights"],
             "top_errors": [[e, n] for e, n in self.errors.most_common(TOP_ERRORS)],
-            "labels": {k: s.snapshot() for k, s in sorted(self.window_items["labels"].items())},
-            "progress_tags": {k: s.snapshot() for k, s in sorted(self.window_items["tags"].items())},
+            "labels": per_field["labels"],
+            "progress_tags": per_field["tags"],
             "failed_episodes": self.failed_skipped,
         }
 
@@ -163,9 +150,8 @@ class DiagnosticStats:
         return self.state.failure_profile(per_category)
 
     def finalize_epoch(self, directory: str, epoch: int, global_step: int) -> str:
-        """Epoch end in upstream's order (SPEC B §1.6 step 18): dump the window snapshot, reset
-        the windows, then save the capability state (if it has a path), so the saved windows are
-        empty. Returns the dump's path."""
+        """Epoch end in the released code's order: dump the window snapshot, reset the windows, then save the
+        capability state (if it has a path), so the saved windows are empty. Returns the dump's path."""
         path = self.dump(directory, epoch, global_step)
         self.reset_window()
         if self.state.path:
@@ -174,16 +160,19 @@ class DiagnosticStats:
 
     def reset_window(self) -> None:
         """Epoch end: clear every window, the capability state's included."""
-        self.window = {}
-        self.window_items = {"tags": {}, "labels": {}}
+        self.other_window = {}
         self.errors = Counter()
         self.failed_skipped = 0
         self.state.reset_window()
 
 
-def plot_over_steps(history: Sequence[Any] | Mapping[int, Mapping[str, float]], path: str,
-                    title: str = "A-Patch dynamic tag weights", ylabel: str = "weight",
-                    reference: float | None = 1.0) -> str:
+def plot_over_steps(
+    history: Sequence[Any] | Mapping[int, Mapping[str, float]],
+    path: str,
+    title: str = "A-Patch dynamic tag weights",
+    ylabel: str = "weight",
+    reference: float | None = 1.0,
+) -> str:
     """PNG of each series over training steps (tag weights; validation accuracy per category). ``history`` is
     any of [(step, {name: value})], {step: {name: value}} or [{"step": step, name: value, ...}]; ``reference``
     draws a dashed horizontal line (None: none). Uses the Agg canvas directly, so no global matplotlib backend

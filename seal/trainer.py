@@ -31,8 +31,9 @@ from omegaconf import OmegaConf
 
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+from env_service.files import atomic_write_json
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
-from seal.capability_state import CapabilityState, atomic_write_json
+from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats, plot_over_steps
 from seal.env_failures import regroup_without_failed, split_validation_failures
 from seal.validation import BestCheckpoint, category_accuracies, category_average, validation_table
@@ -106,7 +107,7 @@ class SealTrainer(RayPPOTrainer):
         return (max(step, 1) - 1) // max(len(self.train_dataloader), 1)
 
     def _start_epoch_window(self, epoch: int) -> None:
-        """At an epoch change: dump the finished epoch's window, reset it, persist the state (SPEC §1.6 step 18)."""
+        """At an epoch change: dump the finished epoch's window, reset it, persist the state (the released order)."""
         if self.epoch_in_window is not None and epoch != self.epoch_in_window:
             self._finalize_epoch(self.epoch_in_window)
         self.epoch_in_window = epoch

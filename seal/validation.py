@@ -2,7 +2,8 @@
 
 verl reports ``val-core/<category>/reward/mean@1`` per ``data_source``. The paper's headline number is the
 four-category average (= passes / 400), so we add ``val-core/average/reward/mean@1`` and select the best
-checkpoint by it (SPEC A5.4; upstream used ``multi_turn_base`` alone). The metric and mode are config keys.
+checkpoint by it (the released code used ``multi_turn_base`` alone: docs/upstream-differences.md). The metric and
+mode are config keys.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import shutil
 import subprocess
 import sys
 
-from seal.capability_state import atomic_write_json
+from env_service.files import atomic_write_json
+from env_service.vocabulary import CATEGORY_NAMES, short_category
 
-CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 AVERAGE_KEY = "val-core/average/reward/mean@1"
 
 
 def category_average(metrics: dict) -> dict:
     """Mean of the per-category accuracies present in ``metrics`` (all four in a full validation)."""
-    values = [metrics[f"val-core/{c}/reward/mean@1"] for c in CATEGORIES if f"val-core/{c}/reward/mean@1" in metrics]
+    values = [
+        metrics[f"val-core/{c}/reward/mean@1"] for c in CATEGORY_NAMES if f"val-core/{c}/reward/mean@1" in metrics
+    ]
     if not values:
         return {}
     return {AVERAGE_KEY: float(sum(values) / len(values)), "val-aux/average/num_categories": len(values)}
@@ -30,8 +33,11 @@ def category_average(metrics: dict) -> dict:
 
 def category_accuracies(metrics: dict) -> dict[str, float]:
     """Accuracy per category (short names) plus the average, for plotting over validations."""
-    acc = {c.removeprefix("multi_turn_"): float(metrics[f"val-core/{c}/reward/mean@1"])
-           for c in CATEGORIES if f"val-core/{c}/reward/mean@1" in metrics}
+    acc = {
+        short_category(c): float(metrics[f"val-core/{c}/reward/mean@1"])
+        for c in CATEGORY_NAMES
+        if f"val-core/{c}/reward/mean@1" in metrics
+    }
     if AVERAGE_KEY in metrics:
         acc["average"] = float(metrics[AVERAGE_KEY])
     return acc
@@ -40,7 +46,7 @@ def category_accuracies(metrics: dict) -> dict[str, float]:
 def validation_table(metrics: dict, step: int) -> str:
     """A per-category accuracy table (percent), the form of the paper's Table 2."""
     rows = [f"validation @ step {step}", f"{'category':<28}{'accuracy %':>12}{'progress':>10}"]
-    for c in CATEGORIES:
+    for c in CATEGORY_NAMES:
         acc = metrics.get(f"val-core/{c}/reward/mean@1")
         if acc is None:
             continue
@@ -95,7 +101,9 @@ class BestCheckpoint:
             return {}
         if self.metric not in metrics:
             available = sorted(k for k in metrics if k.startswith("val-core"))
-            raise KeyError(f"seal.checkpoint.best_metric {self.metric!r} is not a validation metric; available: {available}")
+            raise KeyError(
+                f"seal.checkpoint.best_metric {self.metric!r} is not a validation metric; available: {available}"
+            )
         value = float(metrics[self.metric])
         candidate = trainer.global_steps > 0 or self.at_step0
         saved = candidate and self._improves(value)
@@ -103,14 +111,23 @@ class BestCheckpoint:
             step_dir = os.path.join(self.root, f"global_step_{trainer.global_steps}")
             if not os.path.isdir(os.path.join(step_dir, "actor")):
                 trainer._save_checkpoint()
-            self.best = {"global_step": trainer.global_steps, "metric_name": self.metric, "metric_value": value,
-                         "checkpoint_dir": os.path.abspath(step_dir), "run_uid": self.run_uid}
+            self.best = {
+                "global_step": trainer.global_steps,
+                "metric_name": self.metric,
+                "metric_value": value,
+                "checkpoint_dir": os.path.abspath(step_dir),
+                "run_uid": self.run_uid,
+            }
             self._write_record()
             self.prune()
         out = {"best_checkpoint/saved": float(saved), "best_checkpoint/current_metric": value}
         if self.best is not None:
-            out.update({"best_checkpoint/best_metric": self.best["metric_value"],
-                        "best_checkpoint/best_step": self.best["global_step"]})
+            out.update(
+                {
+                    "best_checkpoint/best_metric": self.best["metric_value"],
+                    "best_checkpoint/best_step": self.best["global_step"],
+                }
+            )
         return out
 
     def _write_record(self) -> None:
@@ -151,8 +168,18 @@ class BestCheckpoint:
 def export_hf(step_dir: str) -> str:
     """Merge the FSDP shards of ``step_dir/actor`` into a Hugging Face model at ``step_dir/huggingface``."""
     target = os.path.join(step_dir, "huggingface")
-    cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-           "--local_dir", os.path.join(step_dir, "actor"), "--target_dir", target]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl.model_merger",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        os.path.join(step_dir, "actor"),
+        "--target_dir",
+        target,
+    ]
     subprocess.run(cmd, check=True)
     print(f"[seal] exported best checkpoint to {target}")
     return target

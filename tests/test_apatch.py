@@ -1,37 +1,38 @@
-"""A-Patch: exactness against SPEC B §6.2 written out independently here (plain loops), config
-validation, and composition with verl's GRPO advantage."""
+"""A-Patch: exactness of the scaling and of the closed-loop weight update against the formulas of docs/method.md,
+written out independently here (plain loops); config validation; composition with verl's GRPO advantage.
+
+These are the project's only reference formulas for A-Patch; tests/test_capability_state.py tests the counting."""
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from env_service.vocabulary import SCORER_TAGS
 from seal.apatch import (
     DEFAULT_LABEL_WEIGHTS,
     DEFAULT_TAG_WEIGHTS,
     APatchConfig,
     apply_apatch,
+    dynamic_weights,
     per_row_scales,
     resolve_weights,
 )
 from seal.capability_state import CapabilityState
 
-UPSTREAM = {
-    "spurious_tool_call": 2.0,
-    "correct_abstention": 1.8,
-    "empty_turn_model_response": 1.5,
-    "state_mismatch": 1.0,
-    "response_mismatch": 0.9,
-    "instance_mismatch": 0.6,
-    "pass": 1.0,
-}
-EXCLUDED = ("checker_error", "gt_error")
+# The released recipe's static weights, as the recipe defaults carry them (test_default_weights_are_upstreams checks
+# that the code's table is the same).
+UPSTREAM = dict(
+    OmegaConf.load(Path(__file__).resolve().parents[1] / "seal/config/seal_defaults.yaml").seal.apatch.tag_weights
+)
+EXCLUDED = SCORER_TAGS
 
 
-# ------------------------------------------------------------------ independent reference (SPEC §6.2)
+# ------------------------------------------------------------------ independent reference: the static scale
 def ref_scale(tags, weights, lo, hi, excluded=EXCLUDED):
     if not tags:
         return 1.0
@@ -89,9 +90,19 @@ def test_default_weights_are_upstreams():
     assert DEFAULT_TAG_WEIGHTS == UPSTREAM
     c = APatchConfig()
     assert (c.enable, c.min_scale, c.max_scale, c.apply_to, c.metric_prefix, c.warmup_steps) == (
-        False, 0.5, 2.0, "all", "seal/apatch", 0)
+        False,
+        0.5,
+        2.0,
+        "all",
+        "seal/apatch",
+        0,
+    )
     assert (c.dynamic.enable, c.dynamic.ema_beta, c.dynamic.prevalence_alpha, c.dynamic.confidence_samples) == (
-        True, 0.25, 1.0, 32)
+        True,
+        0.25,
+        1.0,
+        32,
+    )
     assert c.excluded_tags == EXCLUDED and c.vocabulary == "progress_tags" and c.budget.enable is False
     assert resolve_weights(c) == UPSTREAM
 
@@ -170,8 +181,13 @@ def test_disabled_is_identity():
 
 
 def test_budget_exact():
-    rows = [["spurious_tool_call"], ["instance_mismatch"], ["pass", "correct_abstention", "pass"], None,
-            ["response_mismatch"]]
+    rows = [
+        ["spurious_tool_call"],
+        ["instance_mismatch"],
+        ["pass", "correct_abstention", "pass"],
+        None,
+        ["response_mismatch"],
+    ]
     c = static_cfg(budget={"enable": True, "strength": 0.5, "min_scale": 0.8, "max_scale": 1.4, "target_mean": 1.0})
     pre = [ref_scale(r, UPSTREAM, 0.5, 2.0) for r in rows]
     tagged = [i for i, r in enumerate(rows) if r]
@@ -190,16 +206,29 @@ def test_budget_exact():
     assert out2[:, 0].tolist() == pytest.approx(ref_budget(pre, tagged, 2.0, 0.5, 2.0, None))
 
 
-def ref_dynamic(obs, base, lo, hi, beta, alpha, C, excluded=EXCLUDED):
-    """First closed-loop update (no previous dynamic weights) from a fresh window (SPEC §6.3)."""
-    counts, sums = {}, {}
-    for reward, tags in obs:
-        for t in tags:
+# ------------------------------------------------------------------ independent reference: the closed loop
+def ref_tag_counts(observations):
+    """observations: list of (reward, tags). Every tag occurrence counts; [] → ['unknown']."""
+    counts, reward_sums = {}, {}
+    for reward, tags in observations:
+        for t in tags or ["unknown"]:
             counts[t] = counts.get(t, 0) + 1
-            sums[t] = sums.get(t, 0.0) + reward
-    n = sum(c for t, c in counts.items() if t not in excluded)
-    out = {}
-    for t in set(base) | set(counts):
+            reward_sums[t] = reward_sums.get(t, 0.0) + reward
+    return counts, reward_sums
+
+
+def ref_update(window_obs, total_obs, base, prev, lo, hi, beta, alpha, C, excluded=EXCLUDED):
+    """Returns (weights used by A-Patch, stored dynamic weights after the call)."""
+    source = window_obs if window_obs else total_obs
+    counts, reward_sums = ref_tag_counts(source)
+    n = 0
+    for t, c in counts.items():
+        if t not in excluded:
+            n += c
+    if n == 0:
+        return dict(base), dict(prev)
+    new = {}
+    for t in set(base) | set(counts) | set(prev):
         b = base.get(t, 1.0)
         if t in excluded:
             target = 1.0
@@ -207,11 +236,127 @@ def ref_dynamic(obs, base, lo, hi, beta, alpha, C, excluded=EXCLUDED):
             target = b
         else:
             c = counts.get(t, 0)
-            mean = sums[t] / c if c else 0.0
-            target = b * (1 + alpha * (c / n) * (1 - mean) * min(1.0, c / C))
-        target = min(hi, max(lo, target))
-        out[t] = (1 - beta) * b + beta * target
+            mean = reward_sums[t] / c if c else 0.0
+            conf = c / C if c / C < 1 else 1.0
+            target = b * (1 + alpha * (c / n) * (1 - mean) * conf)
+        if target < lo:
+            target = lo
+        if target > hi:
+            target = hi
+        p = prev[t] if t in prev else b
+        new[t] = (1 - beta) * p + beta * target
+    return new, new
+
+
+def assert_weights_equal(got, want):
+    assert set(got) == set(want)
+    for t in want:
+        assert got[t] == pytest.approx(want[t], abs=1e-12), t
+
+
+def closed_loop_step(state, lo=0.5, hi=2.0, beta=0.25, alpha=1.0, C=32):
+    """One training step's closed-loop update, run by apply_apatch; returns the weights that step used."""
+    c = cfg(min_scale=lo, max_scale=hi, dynamic={"ema_beta": beta, "prevalence_alpha": alpha, "confidence_samples": C})
+    _, m = apply_apatch(torch.zeros(1, 1), [["pass"]], c, global_step=1, state=state)
+    prefix = "seal/apatch/tag_weight/"
+    return {k[len(prefix) :]: v for k, v in m.items() if k.startswith(prefix)}
+
+
+def _batch(rng, n):
+    vocab = [
+        "pass",
+        "pass",
+        "pass",
+        "correct_abstention",
+        "spurious_tool_call",
+        "state_mismatch",
+        "response_mismatch",
+        "empty_turn_model_response",
+        "instance_mismatch",
+        "checker_error",
+        "gt_error",
+        "brand_new_tag",
+    ]
+    out = []
+    for _ in range(n):
+        k = rng.randint(0, 6)  # 0 → no tags → unknown
+        tags = [rng.choice(vocab) for _ in range(k)]
+        reward = 1.0 if tags and all(t in ("pass", "correct_abstention") for t in tags) else 0.0
+        out.append((reward, tags))
     return out
+
+
+def test_dynamic_weights_over_consecutive_steps_with_windows_and_totals():
+    rng = random.Random(1234)
+    s = CapabilityState()
+    lo, hi, beta, alpha, C = 0.5, 2.0, 0.25, 1.0, 32
+    window, total, prev = [], [], {}
+    step = 0
+    for epoch in range(3):
+        for _ in range(3):
+            step += 1
+            batch = _batch(rng, 40)
+            for i, (reward, tags) in enumerate(batch):
+                s.observe("cat", f"task_{i % 5}", reward, reward >= 1, tags, epoch, step)
+            window += batch
+            total += batch
+            got = closed_loop_step(s, lo, hi, beta, alpha, C)
+            want, prev = ref_update(window, total, UPSTREAM, prev, lo, hi, beta, alpha, C)
+            assert_weights_equal(got, want)
+            assert_weights_equal(s.dynamic_tag_weights, prev)
+        # epoch end: window reset; an update before the next observation uses the totals
+        s.reset_window()
+        window = []
+        got = closed_loop_step(s, lo, hi, beta, alpha, C)
+        want, prev = ref_update(window, total, UPSTREAM, prev, lo, hi, beta, alpha, C)
+        assert_weights_equal(got, want)
+    # the excluded tags are present and pinned toward 1.0, new tags appear with base 1.0
+    assert "checker_error" in prev and "brand_new_tag" in prev and "unknown" in prev
+
+
+def test_dynamic_small_example_by_hand():
+    s = CapabilityState()
+    # 2 trajectories: [spurious, pass] r=0 ; [pass] r=1 ; [checker_error] r=0
+    s.observe("c", "a", 0.0, False, ["spurious_tool_call", "pass"], 0, 1)
+    s.observe("c", "b", 1.0, True, ["pass"], 0, 1)
+    s.observe("c", "c", 0.0, False, ["checker_error"], 0, 1)
+    w = closed_loop_step(s, 0.5, 2.0, 0.25, 1.0, 2)
+    # N = 3 (checker_error excluded); spurious: count 1, mean 0 → 2.0*(1+1*(1/3)*1*min(1,1/2)) = 2.333 → clamp 2.0
+    assert w["spurious_tool_call"] == pytest.approx(0.75 * 2.0 + 0.25 * 2.0)
+    assert w["pass"] == pytest.approx(1.0)
+    assert w["checker_error"] == pytest.approx(1.0)
+    # tag unseen in source: target = base → stays at base
+    assert w["instance_mismatch"] == pytest.approx(0.6)
+    # with a lower base the prevalence boost shows: response_mismatch seen once, mean 0
+    s2 = CapabilityState()
+    s2.observe("c", "a", 0.0, False, ["response_mismatch", "pass", "pass", "pass"], 0, 1)
+    w2 = closed_loop_step(s2, 0.5, 2.0, 0.5, 1.0, 4)
+    target = 0.9 * (1 + 1.0 * 0.25 * 1.0 * 0.25)
+    assert w2["response_mismatch"] == pytest.approx(0.5 * 0.9 + 0.5 * target)
+
+
+def test_dynamic_only_excluded_tags_returns_base_and_stores_nothing():
+    s = CapabilityState()
+    s.observe("c", "a", 0.0, False, ["checker_error", "gt_error"], 0, 1)
+    assert closed_loop_step(s) == UPSTREAM
+    assert s.dynamic_tag_weights == {}
+    assert dynamic_weights(UPSTREAM, {}, s.tag_evidence(), cfg()) is None
+
+
+def test_dynamic_zero_beta_and_zero_alpha_are_respected():
+    s = CapabilityState()
+    s.observe("c", "a", 0.0, False, ["response_mismatch"] * 40, 0, 1)
+    assert closed_loop_step(s, 0.5, 2.0, 0.0, 1.0, 32)["response_mismatch"] == 0.9
+    assert closed_loop_step(s, 0.5, 2.0, 1.0, 0.0, 32)["response_mismatch"] == pytest.approx(0.9)
+    # confidence_samples 0 behaves as 1 (full confidence), no division by zero
+    w = CapabilityState()
+    w.observe("c", "a", 0.0, False, ["response_mismatch", "pass"], 0, 1)
+    assert closed_loop_step(w, 0.5, 2.0, 1.0, 1.0, 0)["response_mismatch"] == pytest.approx(0.9 * 1.5)
+
+
+def test_dynamic_rejects_bad_beta():
+    with pytest.raises(ValueError, match="ema_beta"):
+        closed_loop_step(CapabilityState(), 0.5, 2.0, 1.5, 1.0, 32)
 
 
 def test_dynamic_update_happens_first_and_is_used():
@@ -223,7 +368,7 @@ def test_dynamic_update_happens_first_and_is_used():
     rows = [["response_mismatch", "pass"], ["spurious_tool_call"], ["pass", "pass"]]
     adv = torch.tensor([[-1.0], [-1.0], [2.0]])
     out, m = apply_apatch(adv, rows, c, global_step=1, state=state)
-    weights = ref_dynamic(obs, UPSTREAM, 0.5, 2.0, 0.5, 2.0, 2)
+    weights, _ = ref_update(obs, obs, UPSTREAM, {}, 0.5, 2.0, 0.5, 2.0, 2)
     assert weights["response_mismatch"] != UPSTREAM["response_mismatch"]  # the update did something
     want = [ref_scale(r, weights, 0.5, 2.0) for r in rows]
     assert out[:, 0].tolist() == pytest.approx([row[0] for row in ref_apply(adv.tolist(), want, "all")])
@@ -258,8 +403,11 @@ def test_sign_preserved_randomised():
             max_scale=lo + rng.uniform(0.0, 3.0),
             apply_to=rng.choice(["all", "positive_advantage", "negative_advantage"]),
             tag_weights={t: rng.uniform(0.0, 5.0) for t in vocab},
-            budget={"enable": rng.random() < 0.5, "strength": rng.uniform(0, 3),
-                    "target_mean": rng.choice([None, 0.7, 1.0, 1.5])},
+            budget={
+                "enable": rng.random() < 0.5,
+                "strength": rng.uniform(0, 3),
+                "target_mean": rng.choice([None, 0.7, 1.0, 1.5]),
+            },
         )
         state = CapabilityState()
         for row in rows:
@@ -291,7 +439,7 @@ def test_composes_with_verl_grpo():
     rows = [[rng.choice(vocab) for _ in range(rng.randint(1, 8))] for _ in range(b)]
     out, _ = apply_apatch(adv, rows, static_cfg(), global_step=1)
 
-    # independent: GRPO per SPEC §6.6 (Bessel std, eps 1e-6) then the A-Patch scale
+    # independent: GRPO as verl defines it (Bessel std, eps 1e-6), then the A-Patch scale
     for i in range(b):
         group = [scores[j] for j in range(b) if j // n_roll == i // n_roll]
         mean = sum(group) / len(group)
@@ -300,13 +448,17 @@ def test_composes_with_verl_grpo():
         s = ref_scale(rows[i], UPSTREAM, 0.5, 2.0)
         for t in range(L):
             assert out[i, t].item() == pytest.approx(a * s * mask[i, t].item(), abs=1e-5)
-    assert torch.count_nonzero(out[2 * n_roll: 3 * n_roll]) == 0
+    assert torch.count_nonzero(out[2 * n_roll : 3 * n_roll]) == 0
 
 
 # ------------------------------------------------------------------ config
 def test_zero_values_are_not_replaced_by_defaults():
-    c = cfg(warmup_steps=0, dynamic={"ema_beta": 0.0, "prevalence_alpha": 0.0, "confidence_samples": 0},
-            budget={"enable": True, "strength": 0.0}, tag_weights={"pass": 0.0})
+    c = cfg(
+        warmup_steps=0,
+        dynamic={"ema_beta": 0.0, "prevalence_alpha": 0.0, "confidence_samples": 0},
+        budget={"enable": True, "strength": 0.0},
+        tag_weights={"pass": 0.0},
+    )
     assert (c.dynamic.ema_beta, c.dynamic.prevalence_alpha, c.dynamic.confidence_samples) == (0.0, 0.0, 0)
     assert c.budget.strength == 0.0 and c.tag_weights["pass"] == 0.0 and c.warmup_steps == 0
     # ema_beta 0 → weights never move, even with an overwhelming failure profile

@@ -1,5 +1,5 @@
-"""Capability state: exactness against SPEC B §6.3 written out independently here, persistence,
-atomic writes and the run_id ownership rule."""
+"""Capability state: counting (every bucket, window and total), the failure profile, persistence, atomic writes
+and the run_id ownership rule. The closed-loop formula that reads the state is tested in tests/test_apatch.py."""
 
 import json
 import logging
@@ -9,66 +9,16 @@ import os
 import pytest
 
 from seal import capability_state as cs
+from seal.apatch import DEFAULT_TAG_WEIGHTS, APatchConfig, dynamic_weights
 from seal.capability_state import CapabilityState, CapabilityStats, turn_position_bucket
 
-BASE = {
-    "spurious_tool_call": 2.0,
-    "correct_abstention": 1.8,
-    "empty_turn_model_response": 1.5,
-    "state_mismatch": 1.0,
-    "response_mismatch": 0.9,
-    "instance_mismatch": 0.6,
-    "pass": 1.0,
-}
-EXCLUDED = ("checker_error", "gt_error")
 
-
-# ------------------------------------------------------------------ independent reference (SPEC §6.3)
-def ref_tag_counts(observations):
-    """observations: list of (reward, tags). Every tag occurrence counts; [] → ['unknown']."""
-    counts, reward_sums = {}, {}
-    for reward, tags in observations:
-        for t in (tags or ["unknown"]):
-            counts[t] = counts.get(t, 0) + 1
-            reward_sums[t] = reward_sums.get(t, 0.0) + reward
-    return counts, reward_sums
-
-
-def ref_update(window_obs, total_obs, base, prev, lo, hi, beta, alpha, C, excluded=EXCLUDED):
-    """Returns (weights used by A-Patch, stored dynamic weights after the call)."""
-    source = window_obs if window_obs else total_obs
-    counts, reward_sums = ref_tag_counts(source)
-    n = 0
-    for t, c in counts.items():
-        if t not in excluded:
-            n += c
-    if n == 0:
-        return dict(base), dict(prev)
-    new = {}
-    for t in set(base) | set(counts) | set(prev):
-        b = base.get(t, 1.0)
-        if t in excluded:
-            target = 1.0
-        elif t == "pass":
-            target = b
-        else:
-            c = counts.get(t, 0)
-            mean = reward_sums[t] / c if c else 0.0
-            conf = c / C if c / C < 1 else 1.0
-            target = b * (1 + alpha * (c / n) * (1 - mean) * conf)
-        if target < lo:
-            target = lo
-        if target > hi:
-            target = hi
-        p = prev[t] if t in prev else b
-        new[t] = (1 - beta) * p + beta * target
-    return new, new
-
-
-def assert_weights_equal(got, want):
-    assert set(got) == set(want)
-    for t in want:
-        assert got[t] == pytest.approx(want[t], abs=1e-12), t
+def closed_loop_step(state):
+    """What a training step does to the state's weights (the formula itself is tested in tests/test_apatch.py)."""
+    moved = dynamic_weights(DEFAULT_TAG_WEIGHTS, state.dynamic_tag_weights, state.tag_evidence(), APatchConfig())
+    if moved is not None:
+        state.dynamic_tag_weights = moved
+    return moved
 
 
 # ------------------------------------------------------------------ position buckets
@@ -149,94 +99,6 @@ def test_reset_window_keeps_totals():
     assert s.total["tags"]["pass"].count == 1
 
 
-# ------------------------------------------------------------------ dynamic weights
-def _batch(rng, n):
-    vocab = ["pass", "pass", "pass", "correct_abstention", "spurious_tool_call", "state_mismatch",
-             "response_mismatch", "empty_turn_model_response", "instance_mismatch", "checker_error",
-             "gt_error", "brand_new_tag"]
-    out = []
-    for _ in range(n):
-        k = rng.randint(0, 6)  # 0 → no tags → unknown
-        tags = [rng.choice(vocab) for _ in range(k)]
-        reward = 1.0 if tags and all(t in ("pass", "correct_abstention") for t in tags) else 0.0
-        out.append((reward, tags))
-    return out
-
-
-def test_dynamic_weights_over_consecutive_steps_with_windows_and_totals():
-    import random
-
-    rng = random.Random(1234)
-    s = CapabilityState()
-    lo, hi, beta, alpha, C = 0.5, 2.0, 0.25, 1.0, 32
-    window, total, prev = [], [], {}
-    step = 0
-    for epoch in range(3):
-        for _ in range(3):
-            step += 1
-            batch = _batch(rng, 40)
-            for i, (reward, tags) in enumerate(batch):
-                s.observe("cat", f"task_{i % 5}", reward, reward >= 1, tags, epoch, step)
-            window += batch
-            total += batch
-            got = s.update_dynamic_tag_weights(BASE, lo, hi, beta, alpha, C)
-            want, prev = ref_update(window, total, BASE, prev, lo, hi, beta, alpha, C)
-            assert_weights_equal(got, want)
-            assert_weights_equal(s.dynamic_tag_weights, prev)
-        # epoch end: window reset; an update before the next observation uses the totals
-        s.reset_window()
-        window = []
-        got = s.update_dynamic_tag_weights(BASE, lo, hi, beta, alpha, C)
-        want, prev = ref_update(window, total, BASE, prev, lo, hi, beta, alpha, C)
-        assert_weights_equal(got, want)
-    # the excluded tags are present and pinned toward 1.0, new tags appear with base 1.0
-    assert "checker_error" in prev and "brand_new_tag" in prev and "unknown" in prev
-
-
-def test_dynamic_small_example_by_hand():
-    s = CapabilityState()
-    # 2 trajectories: [spurious, pass] r=0 ; [pass] r=1 ; [checker_error] r=0
-    s.observe("c", "a", 0.0, False, ["spurious_tool_call", "pass"], 0, 1)
-    s.observe("c", "b", 1.0, True, ["pass"], 0, 1)
-    s.observe("c", "c", 0.0, False, ["checker_error"], 0, 1)
-    w = s.update_dynamic_tag_weights(BASE, 0.5, 2.0, 0.25, 1.0, 2)
-    # N = 3 (checker_error excluded); spurious: count 1, mean 0 → 2.0*(1+1*(1/3)*1*min(1,1/2)) = 2.333 → clamp 2.0
-    assert w["spurious_tool_call"] == pytest.approx(0.75 * 2.0 + 0.25 * 2.0)
-    assert w["pass"] == pytest.approx(1.0)
-    assert w["checker_error"] == pytest.approx(1.0)
-    # tag unseen in source: target = base → stays at base
-    assert w["instance_mismatch"] == pytest.approx(0.6)
-    # with a lower base the prevalence boost shows: response_mismatch seen once, mean 0
-    s2 = CapabilityState()
-    s2.observe("c", "a", 0.0, False, ["response_mismatch", "pass", "pass", "pass"], 0, 1)
-    w2 = s2.update_dynamic_tag_weights(BASE, 0.5, 2.0, 0.5, 1.0, 4)
-    target = 0.9 * (1 + 1.0 * 0.25 * 1.0 * 0.25)
-    assert w2["response_mismatch"] == pytest.approx(0.5 * 0.9 + 0.5 * target)
-
-
-def test_dynamic_only_excluded_tags_returns_base_and_stores_nothing():
-    s = CapabilityState()
-    s.observe("c", "a", 0.0, False, ["checker_error", "gt_error"], 0, 1)
-    assert s.update_dynamic_tag_weights(BASE, 0.5, 2.0, 0.25, 1.0, 32) == BASE
-    assert s.dynamic_tag_weights == {}
-
-
-def test_dynamic_zero_beta_and_zero_alpha_are_respected():
-    s = CapabilityState()
-    s.observe("c", "a", 0.0, False, ["response_mismatch"] * 40, 0, 1)
-    assert s.update_dynamic_tag_weights(BASE, 0.5, 2.0, 0.0, 1.0, 32)["response_mismatch"] == 0.9
-    assert s.update_dynamic_tag_weights(BASE, 0.5, 2.0, 1.0, 0.0, 32)["response_mismatch"] == pytest.approx(0.9)
-    # confidence_samples 0 behaves as 1 (full confidence), no division by zero
-    w = CapabilityState()
-    w.observe("c", "a", 0.0, False, ["response_mismatch", "pass"], 0, 1)
-    assert w.update_dynamic_tag_weights(BASE, 0.5, 2.0, 1.0, 1.0, 0)["response_mismatch"] == pytest.approx(0.9 * 1.5)
-
-
-def test_dynamic_rejects_bad_beta():
-    with pytest.raises(ValueError, match="ema_beta"):
-        CapabilityState().update_dynamic_tag_weights(BASE, 0.5, 2.0, 1.5, 1.0, 32)
-
-
 # ------------------------------------------------------------------ failure profile
 def test_failure_profile_window_then_total():
     s = CapabilityState()
@@ -251,7 +113,10 @@ def test_failure_profile_window_then_total():
             "state_mismatch": {"count": 1, "reward_mean": 0.0},
         },
         "categories": {
-            "multi_turn_base": {"pass": {"count": 1, "reward_mean": 0.0}, "state_mismatch": {"count": 1, "reward_mean": 0.0}},
+            "multi_turn_base": {
+                "pass": {"count": 1, "reward_mean": 0.0},
+                "state_mismatch": {"count": 1, "reward_mean": 0.0},
+            },
             "multi_turn_miss_func": {"correct_abstention": {"count": 1, "reward_mean": 1.0}},
         },
     }
@@ -268,7 +133,7 @@ def _filled_state(run_id="run-a"):
     s = CapabilityState(run_id=run_id)
     s.observe("multi_turn_base", "multi_turn_base_1", 0.0, False, ["state_mismatch", "pass"], 0, 1)
     s.observe("multi_turn_base", "multi_turn_base_1", 1.0, True, ["pass", "pass"], 0, 1)
-    s.update_dynamic_tag_weights(BASE, 0.5, 2.0, 0.25, 1.0, 32)
+    closed_loop_step(s)
     return s
 
 
@@ -292,9 +157,7 @@ def test_state_dict_round_trip_into_new_object():
     # continuing after restore gives the same weights as continuing the original
     for st in (s, other):
         st.observe("c", "x", 0.0, False, ["spurious_tool_call"], 1, 2)
-    assert s.update_dynamic_tag_weights(BASE, 0.5, 2.0, 0.25, 1.0, 32) == other.update_dynamic_tag_weights(
-        BASE, 0.5, 2.0, 0.25, 1.0, 32
-    )
+    assert closed_loop_step(s) == closed_loop_step(other)
 
 
 def test_atomic_write_crash_leaves_old_file_and_no_temp(tmp_path, monkeypatch):

@@ -6,8 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from env_service.vocabulary import task_category
+from seal.apatch import APatchConfig, dynamic_weights
 from seal.capability_state import CapabilityState
-from seal.diagnostics import DiagnosticStats, find_errors, infer_category, plot_over_steps
+from seal.diagnostics import DiagnosticStats, find_errors, plot_over_steps
+
+
+def move_weights(state, base):
+    """One closed-loop step on ``state`` (what apply_apatch does before scaling)."""
+    state.dynamic_tag_weights = dynamic_weights(base, state.dynamic_tag_weights, state.tag_evidence(), APatchConfig())
 
 
 def traj(task_id, reward, tags, labels=None, env_texts=(), category=None, **extra):
@@ -20,10 +27,20 @@ def traj(task_id, reward, tags, labels=None, env_texts=(), category=None, **extr
 
 BATCH = [
     traj("multi_turn_base_1", 1.0, ["pass", "pass"], ["pass", "pass"]),
-    traj("multi_turn_base_1", 0.0, ["state_mismatch", "pass"], ["argument_mismatch", "pass"],
-         ['{"error": "No such file or directory"}', "[ERROR] Invalid tool call format: bad json\nmore"]),
-    traj("multi_turn_miss_func_3", 0.0, ["spurious_tool_call"], ["invalid_tool_call"],
-         ["Error from environment: boom] tail", '{"error": "No such file or directory"}']),
+    traj(
+        "multi_turn_base_1",
+        0.0,
+        ["state_mismatch", "pass"],
+        ["argument_mismatch", "pass"],
+        ['{"error": "No such file or directory"}', "[ERROR] Invalid tool call format: bad json\nmore"],
+    ),
+    traj(
+        "multi_turn_miss_func_3",
+        0.0,
+        ["spurious_tool_call"],
+        ["invalid_tool_call"],
+        ["Error from environment: boom] tail", '{"error": "No such file or directory"}'],
+    ),
     traj("x", 0.5, [], None, category="custom"),
 ]
 
@@ -51,7 +68,7 @@ def test_window_metrics_and_state_metrics():
     assert m["seal/state/num_tags"] == 4  # pass, state_mismatch, spurious_tool_call, unknown
     assert m["seal/state/num_category_tags"] == 4
     assert not any("dynamic_tag_weight" in k for k in m)
-    d.state.update_dynamic_tag_weights({"pass": 1.0}, 0.5, 2.0, 0.25, 1.0, 32)
+    move_weights(d.state, {"pass": 1.0})
     assert "seal/state/dynamic_tag_weight/pass" in d.metrics()
 
 
@@ -86,16 +103,29 @@ def test_dump_contents_and_reset(tmp_path):
     state = CapabilityState()
     d = DiagnosticStats(state)
     d.observe_batch(BATCH, 0, 5)
-    state.update_dynamic_tag_weights({"pass": 1.0, "spurious_tool_call": 2.0}, 0.5, 2.0, 0.25, 1.0, 32)
+    move_weights(state, {"pass": 1.0, "spurious_tool_call": 2.0})
     path = d.dump(str(tmp_path / "diag"), epoch=0, global_step=5)
     assert os.path.basename(path) == "epoch_0.json"
     data = json.loads(Path(path).read_text())
-    assert set(data) >= {"epoch", "global_step", "categories", "tags", "category_tags", "turn_positions", "tasks",
-                         "dynamic_tag_weights", "top_errors", "labels"}
+    assert set(data) >= {
+        "epoch",
+        "global_step",
+        "categories",
+        "tags",
+        "category_tags",
+        "turn_positions",
+        "tasks",
+        "dynamic_tag_weights",
+        "top_errors",
+        "labels",
+    }
     assert data["epoch"] == 0 and data["global_step"] == 5
     assert data["top_errors"][0] == ["No such file or directory", 2]
     assert {e for e, _ in data["top_errors"]} == {
-        "No such file or directory", "[ERROR] Invalid tool call format: bad json", "Error from environment: boom"}
+        "No such file or directory",
+        "[ERROR] Invalid tool call format: bad json",
+        "Error from environment: boom",
+    }
     assert data["tags"]["pass"]["count"] == 3
     assert data["labels"]["argument_mismatch"]["count"] == 1 and data["labels"]["unknown"]["count"] == 1
     assert data["turn_positions"]["middle::state_mismatch"]["count"] == 1
@@ -115,11 +145,25 @@ def test_top_errors_limited_to_20(tmp_path):
     assert len(data["top_errors"]) == 20 and data["top_errors"][0] == ["[ERROR] e29", 30]
 
 
-def test_infer_category():
-    assert infer_category("multi_turn_long_context_17") == "multi_turn_long_context"
-    assert infer_category("multi_turn_miss_param_0") == "multi_turn_miss_param"
-    assert infer_category("webshop_12") == "webshop"
-    assert infer_category(None) == "_none"
+def test_category_from_task_id():
+    assert task_category("multi_turn_long_context_17") == "multi_turn_long_context"
+    assert task_category("multi_turn_miss_param_0") == "multi_turn_miss_param"
+    assert task_category("webshop_12") == "webshop"
+    assert task_category(None) == "_none"
+
+
+@pytest.mark.parametrize("vocabulary", ["progress_tags", "paper_labels"])
+def test_dump_counts_both_vocabularies_whichever_drives(tmp_path, vocabulary):
+    d = DiagnosticStats(CapabilityState(), vocabulary=vocabulary)
+    d.observe_batch(BATCH, 0, 1)
+    data = json.loads(Path(d.dump(str(tmp_path), 0, 1)).read_text())
+    for key, field in (("progress_tags", "tags"), ("labels", "labels")):
+        expected = {}
+        for t in BATCH:
+            for item in t[field] or ["unknown"]:
+                expected[item] = expected.get(item, 0) + 1
+        assert {k: v["count"] for k, v in data[key].items()} == expected, key
+    assert data["categories"]["multi_turn_base"]["count"] == 2 and data["categories"]["custom"]["count"] == 1
 
 
 def test_bad_vocabulary():
@@ -147,7 +191,10 @@ def test_finalize_epoch_dumps_then_resets_then_saves(tmp_path):
     assert json.loads(Path(path).read_text())["tags"]["pass"]["count"] == 3  # dump saw the window
     saved = CapabilityState.load(state.path)
     assert saved.window["tags"] == {} and saved.total["tags"]["pass"].count == 3  # saved after reset
-    assert d.failure_profile()["tags"]["pass"] == {"count": 3, "reward_mean": pytest.approx(2 / 3)}  # 2 of 3 pass turns in rewarded trajectories
+    assert d.failure_profile()["tags"]["pass"] == {
+        "count": 3,
+        "reward_mean": pytest.approx(2 / 3),
+    }  # 2 of 3 pass turns in rewarded trajectories
 
 
 def test_failed_episodes_are_not_observed(tmp_path):

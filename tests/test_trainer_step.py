@@ -14,12 +14,11 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from seal.agent_loop import env_client
+from seal.apatch import DEFAULT_TAG_WEIGHTS as WEIGHTS
 from seal.launch import compose_recipe
 from seal.trainer import SealTrainer, batch_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
-WEIGHTS = {"spurious_tool_call": 2.0, "correct_abstention": 1.8, "empty_turn_model_response": 1.5,
-           "state_mismatch": 1.0, "response_mismatch": 0.9, "instance_mismatch": 0.6, "pass": 1.0}
 
 
 def make_trainer(tmp_path, *overrides, steps_per_epoch=2):
