@@ -13,16 +13,21 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from env_service.vocabulary import CATEGORY_NAMES as CATEGORIES
-from seal.apatch import APatchConfig, apply_apatch
-from seal.capability_state import CapabilityState
+# Run as a script, this directory comes first on sys.path, where benchmarks/env_service.py would shadow the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from env_service.vocabulary import CATEGORY_NAMES as CATEGORIES  # noqa: E402
+from seal.apatch import APatchConfig, apply_apatch  # noqa: E402
+from seal.capability_state import CapabilityState  # noqa: E402
 
 # Rough shape of early-training tags: mostly pass, a spread of failures, rare scorer errors.
 TAG_POOL = (
