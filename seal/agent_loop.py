@@ -36,12 +36,12 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from env_service.client import EnvServiceError, make_client
+from env_service.vocabulary import mode_for_split, task_category
 from seal.env_failures import FAILED_KEY
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MARKER = "\n... truncate ..."
-ERROR_MARKERS = ("[ERROR]", "Error during execution")
 ERROR_TEXT_CHARS = 2000
 _CLIENTS: dict[tuple, Any] = {}
 
@@ -104,7 +104,7 @@ class BfclAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         extra = kwargs["extra_info"]
-        task_id, mode = extra["task_id"], ("train" if extra.get("split") == "train" else "validate")
+        task_id, mode = extra["task_id"], mode_for_split(extra.get("split"))
         metrics: dict[str, Any] = {}
         want_logprobs = bool(sampling_params.get("logprobs"))
         last_error = None
@@ -161,7 +161,7 @@ class BfclAgentLoop(AgentLoopBase):
                 traj.termination = "completed"
                 return
             content = step["message"]["content"]
-            if any(marker in content for marker in ERROR_MARKERS):
+            if step["info"]["error_type"] is not None:  # the service says why the reply is an error
                 traj.env_errors.append(content[:ERROR_TEXT_CHARS])
             await self._append_env_message(traj, content, step["message"].get("role", "user"))
 
@@ -267,7 +267,7 @@ def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None
     evaluation = evaluation or {}
     return {
         "seal_task_id": task_id,
-        "seal_category": category or evaluation.get("category") or task_id.rsplit("_", 1)[0],
+        "seal_category": category or evaluation.get("category") or task_category(task_id),
         "seal_tags": list(evaluation.get("tags", [])),
         "seal_labels": list(evaluation.get("labels", [])),
         "seal_progress": float(evaluation.get("progress", 0.0)),
