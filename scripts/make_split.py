@@ -7,6 +7,8 @@ Outputs (under ``--out-dir``, default ``data/``):
 * ``bfcl_train.parquet``: the 400 train tasks, category-major then index.
 * ``bfcl_heldout.parquet``: the 400 held-out tasks, all val rows (category-major) then all test rows
   (SPEC §7.1 order).
+* ``cpu_tiny_train.parquet`` / ``cpu_tiny_heldout.parquet``: the embedded CPU recipe's tasks (see below).
+* ``gpu_smoke_heldout.parquet``: the GPU smoke recipe's validation tasks (see below).
 
 Parquet columns (verl RLHFDataset layout): ``data_source`` (``multi_turn_<category>``, the
 validation metric key), ``prompt`` (``[{"role": "user", "content": <task id>}]``: a placeholder, the
@@ -53,7 +55,10 @@ HELDOUT_FILE = "bfcl_heldout.parquet"
 # validates on the shortest held-out task of each category: the smallest prompts keep a 2-core run short.
 TINY_TRAIN_FILE = "cpu_tiny_train.parquet"
 TINY_HELDOUT_FILE = "cpu_tiny_heldout.parquet"
-OUTPUT_FILES = (SPLIT_FILE, TRAIN_FILE, HELDOUT_FILE, TINY_TRAIN_FILE, TINY_HELDOUT_FILE)
+# exp/gpu_smoke.yaml validates on the 2 held-out tasks of each category with the shortest tool schemas: a node
+# check that still covers every category in a minute of validation.
+GPU_SMOKE_HELDOUT_FILE = "gpu_smoke_heldout.parquet"
+OUTPUT_FILES = (SPLIT_FILE, TRAIN_FILE, HELDOUT_FILE, TINY_TRAIN_FILE, TINY_HELDOUT_FILE, GPU_SMOKE_HELDOUT_FILE)
 
 ABILITY = "multi_turn_function_calling"
 AGENT_NAME = "seal_bfcl"
@@ -157,6 +162,7 @@ def generate(out_dir: Path, seed: int = SPLIT_SEED) -> list[Path]:
     write_parquet(out_dir / HELDOUT_FILE, task_ids("heldout", seed), seed)
     write_parquet(out_dir / TINY_TRAIN_FILE, tiny_ids("train", None, 2, seed), seed)
     write_parquet(out_dir / TINY_HELDOUT_FILE, tiny_ids("heldout", 1, None, seed), seed)
+    write_parquet(out_dir / GPU_SMOKE_HELDOUT_FILE, tiny_ids("heldout", 2, None, seed), seed)
     return [out_dir / name for name in OUTPUT_FILES]
 
 

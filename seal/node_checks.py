@@ -46,8 +46,8 @@ def attention_problem(implementation: str) -> str | None:
     except Exception as exc:  # ImportError, or an extension built for another torch/CUDA (undefined symbol)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return (
-            f"attn_implementation {implementation!r} (actor_rollout_ref.model.override_config.attn_implementation, "
-            f"verl's default) needs the `{module}` module, which does not import here ({reason}): {how}"
+            f"attn_implementation {implementation!r} (actor_rollout_ref.model.override_config) needs the "
+            f"`{module}` module, which does not import here ({reason}): {how}"
         )
     return None
 
