@@ -7,13 +7,19 @@ Measures, on the ground-truth replay of the held-out split (every episode: creat
 turn with the calls plus one plain-text message per turn, evaluate, release):
 
 1. episodes/s in-process (``InProcessEnvClient``, one thread: the GIL makes more threads pointless);
-2. episodes/s over HTTP against a service subprocess, at concurrency 1 and 32;
-3. episodes/s of bare bfcl-eval: ``multi_turn_checker`` on the same GT (one step per turn, fresh model
+2. episodes/s over HTTP against a service subprocess (default workers: one per core), at concurrency 1
+   and 32;
+3. episodes/s over HTTP at concurrency 32 with ``--workers 1`` and ``--workers 2``: the multi-core gain;
+4. episodes/s of bare bfcl-eval: ``multi_turn_checker`` on the same GT (one step per turn, fresh model
    name per entry, registry cleanup) — the verifier alone, without parsing, turns or our isolation;
-4. the service's RSS after 500 and after 5,000 episodes (a fresh service subprocess; psutil).
+5. an innocent client's step latency (p50/p99, GT replays one step at a time) while another client keeps
+   sending messages that each exhaust the message budget (``find`` over a file system whose directories
+   alias each other, 2**40 entries), on a service with a 1 s message budget and 2 workers;
+6. the service's RSS (main process + workers) after 500 and after 5,000 episodes (fresh service; psutil).
 
-Targets: HTTP@32 within 3x of in-process (slowdown = in-process eps / HTTP@32 eps <= 3), memory flat
-(RSS after 5,000 / after 500 close to 1). Exit code 1 when a replay has errors or unexpected failures.
+Targets: HTTP@32 within 3x of in-process (slowdown = in-process eps / HTTP@32 eps <= 3); 2 workers >= 1.6x
+1 worker (needs 2 idle cores); innocent p99 <= 2x the message budget; memory flat (RSS after 5,000 / after
+500 close to 1). Exit code 1 when a replay has errors or unexpected failures.
 """
 
 from __future__ import annotations
@@ -23,9 +29,12 @@ import itertools
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +46,9 @@ from env_service.client import EnvClient, InProcessEnvClient  # noqa: E402
 
 SLOWDOWN_TARGET = 3.0
 MEMORY_TARGET = 1.25
+WORKER_SCALING_TARGET = 1.6
+HOSTILE_BUDGET_S = 1.0  # message budget of the service in the hostile-neighbour measurement
+LATENCY_TARGET = 2.0  # innocent p99 / message budget
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,19 +59,20 @@ MEMORY_TARGET = 1.25
 class ServiceProcess:
     """``python -m env_service serve`` on a free port; stopped on exit."""
 
-    def __init__(self):
+    def __init__(self, *flags: str):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "env_service", "serve", "--port", str(self.port), "--log-level", "warning"],
+            [sys.executable, "-m", "env_service", "serve", "--port", str(self.port), "--log-level", "warning",
+             *flags],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def __enter__(self) -> "ServiceProcess":
         client = EnvClient(self.url, retries=0, timeout_s=5)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"service exited: {self.proc.stderr.read().decode()[-2000:]}")
@@ -68,13 +81,15 @@ class ServiceProcess:
                 return self
             except Exception:  # noqa: BLE001 - not up yet
                 if time.monotonic() > deadline:
-                    raise RuntimeError("service did not start within 60 s") from None
+                    raise RuntimeError("service did not start within 120 s") from None
                 time.sleep(0.2)
 
     def rss_mib(self) -> float:
+        """RSS of the service and its worker processes."""
         import psutil
 
-        return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+        main = psutil.Process(self.proc.pid)
+        return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20
 
     def __exit__(self, *exc_info) -> None:
         self.proc.terminate()
@@ -128,6 +143,82 @@ def bare_checker(task_ids: list[str]) -> dict:
             "ok": True}
 
 
+def workers_scaling(task_ids: list[str]) -> dict:
+    """HTTP@32 throughput with one worker process and with two."""
+    figures = {}
+    for workers in (1, 2):
+        with ServiceProcess("--workers", str(workers)) as service, EnvClient(service.url, pool_size=32) as client:
+            replay.replay_split(client, task_ids[:8], concurrency=8)  # warm-up
+            figures[f"workers_{workers}"] = timed_replay(client, task_ids, 32)
+    return figures
+
+
+def _call(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def aliasing_messages(doublings: int = 40, per_message: int = 8) -> list[str]:
+    """File-system messages after which the tree under ``a`` has about 2**doublings entries (each round of
+    copy and moves doubles what a traversal visits, while the stored state grows by a few objects)."""
+    one = [_call("cp", source="a", destination="b"), _call("mkdir", dir_name="c"),
+           _call("mv", source="a", destination="c"), _call("mv", source="b", destination="c"),
+           _call("mv", source="c", destination="a")]
+    messages = [_call("mkdir", dir_name="a")]
+    for i in range(0, doublings, per_message):
+        messages.append("".join(c for _ in range(min(per_message, doublings - i)) for c in one))
+    return messages
+
+
+def hostile_neighbour(task_ids: list[str], innocent_threads: int = 4) -> dict:
+    """Innocent GT replays (``innocent_threads`` at a time) while a hostile client exhausts the budget."""
+    flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S),
+             "--call-budget-s", str(HOSTILE_BUDGET_S), "--evaluate-budget-s", str(2 * HOSTILE_BUDGET_S))
+    stop, hostile_steps, latencies, valid = threading.Event(), [], [], []
+
+    def hostile(url: str) -> None:
+        with EnvClient(url, retries=0, timeout_s=120, run_id="hostile") as client:
+            while not stop.is_set():
+                iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+                for message in aliasing_messages():
+                    client.step(iid, message)
+                for _ in range(50):  # within max_steps
+                    if stop.is_set():
+                        break
+                    started = time.perf_counter()
+                    client.step(iid, _call("find", path="."))
+                    hostile_steps.append(time.perf_counter() - started)
+                client.release(iid)
+
+    def innocent(url: str, ids: list[str]) -> None:
+        with EnvClient(url, retries=0, timeout_s=120, run_id="innocent") as client:
+            for task_id in ids:
+                iid = client.create(task_id, "validate")["instance_id"]
+                for message in replay.ground_truth_messages(tasks.load_task(task_id)):
+                    started = time.perf_counter()
+                    client.step(iid, message)
+                    latencies.append(time.perf_counter() - started)
+                valid.append(client.evaluate(iid, release=True)["valid"])
+
+    ids = [t for t in task_ids if t not in replay.EXPECTED_FAILURES]
+    with ServiceProcess(*flags) as service:
+        attacker = threading.Thread(target=hostile, args=(service.url,))
+        attacker.start()
+        while not hostile_steps:
+            time.sleep(0.05)
+        with ThreadPoolExecutor(innocent_threads) as pool:
+            list(pool.map(lambda k: innocent(service.url, ids[k::innocent_threads]), range(innocent_threads)))
+        stop.set()
+        attacker.join()
+        health = EnvClient(service.url, retries=0).health()
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    return {"innocent_steps": len(latencies), "p50_s": statistics.median(latencies), "p99_s": p99,
+            "max_s": latencies[-1], "budget_s": HOSTILE_BUDGET_S, "p99_over_budget": p99 / HOSTILE_BUDGET_S,
+            "hostile_messages": len(hostile_steps), "hostile_mean_s": statistics.mean(hostile_steps),
+            "innocent_valid": sum(valid), "innocent_episodes": len(valid),
+            "worker_restarts": health["workers"]["worker_restarts"], "ok": sum(valid) == len(valid)}
+
+
 def memory_run(task_ids: list[str], first: int, total: int, concurrency: int) -> dict:
     """RSS of a fresh service after ``first`` and after ``total`` GT episodes (tasks cycled)."""
     cycle = list(itertools.islice(itertools.cycle(task_ids), total))
@@ -161,28 +252,34 @@ def run(quick: bool) -> dict:
         for concurrency in (1, 32):
             with EnvClient(service.url, pool_size=concurrency) as client:
                 figures[f"http_c{concurrency}"] = timed_replay(client, task_ids, concurrency)
+    figures.update(workers_scaling(task_ids))
     figures["bare_checker"] = bare_checker(task_ids)
+    figures["hostile"] = hostile_neighbour(task_ids[::10] if quick else task_ids[::4])
     figures["memory"] = memory_run(task_ids, mem_first, mem_total, concurrency=32)
     inproc, http32 = figures["in_process"]["eps"], figures["http_c32"]["eps"]
     figures["ratios"] = {
         "http32_over_in_process": http32 / inproc,
         "slowdown_http32": inproc / http32,
         "in_process_over_bare": inproc / figures["bare_checker"]["eps"],
+        "workers_2_over_1": figures["workers_2"]["eps"] / figures["workers_1"]["eps"],
     }
     return figures
 
 
 def report(figures: dict) -> str:
     rows = [("in-process (1 thread)", figures["in_process"]), ("HTTP, concurrency 1", figures["http_c1"]),
-            ("HTTP, concurrency 32", figures["http_c32"]), ("bare bfcl multi_turn_checker", figures["bare_checker"])]
+            ("HTTP, concurrency 32", figures["http_c32"]), ("HTTP@32, --workers 1", figures["workers_1"]),
+            ("HTTP@32, --workers 2", figures["workers_2"]), ("bare bfcl multi_turn_checker", figures["bare_checker"])]
     lines = [f"GT replay of {figures['tasks']} held-out tasks "
              f"(create + steps + evaluate + release per episode; cpus={os.cpu_count()})", "",
              f"{'path':<32}{'episodes':>9}{'seconds':>10}{'episodes/s':>12}{'passed':>8}"]
     for name, r in rows:
         lines.append(f"{name:<32}{r['episodes']:>9}{r['seconds']:>10.2f}{r['eps']:>12.1f}{r['passed']:>8}")
-    ratios, mem = figures["ratios"], figures["memory"]
+    ratios, mem, hostile = figures["ratios"], figures["memory"], figures["hostile"]
     slow_ok = ratios["slowdown_http32"] <= SLOWDOWN_TARGET
     mem_ok = mem["ratio"] <= MEMORY_TARGET
+    scaling_ok = ratios["workers_2_over_1"] >= WORKER_SCALING_TARGET
+    latency_ok = hostile["p99_over_budget"] <= LATENCY_TARGET
     lines += [
         "",
         f"HTTP@32 / in-process throughput : {ratios['http32_over_in_process']:.2f} "
@@ -191,6 +288,15 @@ def report(figures: dict) -> str:
         f"in-process / bare checker       : {ratios['in_process_over_bare']:.2f} "
         f"(bare checker is {1 / ratios['in_process_over_bare']:.1f}x faster: it skips parsing, turns, "
         f"isolation and tags)",
+        f"--workers 2 / --workers 1 (HTTP@32)  : {ratios['workers_2_over_1']:.2f} "
+        f"(target >= {WORKER_SCALING_TARGET} on 2 idle cores: {'MET' if scaling_ok else 'MISSED'})",
+        "",
+        f"hostile neighbour ({hostile['hostile_messages']} budget-busting messages, mean "
+        f"{hostile['hostile_mean_s']:.2f} s each, message budget {hostile['budget_s']:g} s): innocent step "
+        f"p50 {hostile['p50_s'] * 1000:.0f} ms, p99 {hostile['p99_s']:.2f} s = {hostile['p99_over_budget']:.2f}x "
+        f"the budget (target <= {LATENCY_TARGET:g}x: {'MET' if latency_ok else 'MISSED'}); innocent episodes "
+        f"valid {hostile['innocent_valid']}/{hostile['innocent_episodes']}; worker restarts "
+        f"{hostile['worker_restarts']}",
         "",
         f"service RSS: start {mem['start_mib']:.1f} MiB, after {mem['first']} episodes {mem['first_mib']:.1f} MiB, "
         f"after {mem['total']} episodes {mem['total_mib']:.1f} MiB",
@@ -209,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
-    replays_ok = all(figures[k]["ok"] for k in ("in_process", "http_c1", "http_c32", "memory"))
+    replays_ok = all(figures[k]["ok"] for k in ("in_process", "http_c1", "http_c32", "workers_1", "workers_2",
+                                                 "hostile", "memory"))
     return 0 if replays_ok else 1
 
 

@@ -285,6 +285,7 @@ class ServiceLimits(_Block):
     message_budget_s: float = _opt(5.0, _float(0.001))
     evaluate_budget_s: float = _opt(10.0, _float(0.001))
     worker_grace_s: float = _opt(5.0, _float(0.0))
+    call_memory_mib: int = _opt(512, _int(minimum=1))  # resident memory one call may add
     worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none
     max_steps: int = _opt(100, _int(minimum=1))
     max_calls_per_message: int = _opt(64, _int(minimum=1))

@@ -17,8 +17,8 @@ Limits (:class:`~env_service.config.ServiceLimits`; every refusal is a text the 
 
 * a message with more than ``max_calls_per_message`` calls is refused like a parse error (nothing runs);
 * the step after ``max_steps`` is answered with a limit text and ends the episode;
-* each call runs under ``call_budget_s``, the message's calls together under ``message_budget_s``: a call
-  over its budget is stopped (its partial effects stay), later calls of the message are skipped, and each
+* each call runs under ``call_budget_s`` and ``call_memory_mib``, the message's calls together under
+  ``message_budget_s``: a call over its budget is stopped (its partial effects stay), later calls of the message are skipped, and each
   gets an ``Error during execution: ...`` result; the verifier tags the turn ``budget_exceeded``;
 * the reply is cut to ``max_reply_bytes`` with a marker;
 * after each message the backend state is measured (:func:`~env_service.executor.state_size`); above
@@ -321,7 +321,8 @@ class Episode:
             return over_budget_text(
                 f"not run: this message used up its time budget of {self.limits.message_budget_s:g} s"), True
         try:
-            return self._session.execute(call, min(self.limits.call_budget_s, remaining)), False
+            return self._session.execute(call, min(self.limits.call_budget_s, remaining),
+                                         self.limits.call_memory_mib * 2**20), False
         except CallOverBudget as stopped:
             return over_budget_text(str(stopped)), True
 

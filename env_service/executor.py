@@ -41,9 +41,10 @@ place, leaking across episodes in bfcl). The one module dict a backend still wri
 VehicleControlAPI's weather, overwritten and returned whole) gets the same value for the same call, so
 episodes in one process never see each other's state through it.
 
-Budgets: ``execute(call, time_limit_s=...)`` interrupts a call that runs longer than its limit (a
-``SIGALRM`` timer, so only on the main thread of a process: the service's worker processes; elsewhere the
-limit is not enforced) and raises :class:`CallOverBudget`. Interrupted pure-Python work (a traversal of a
+Budgets: ``execute(call, time_limit_s=..., memory_limit_bytes=...)`` interrupts a call that runs longer
+than its limit or grows the process's resident memory by more than its budget (a ``SIGALRM`` timer that
+ticks every 20 ms, so only on the main thread of a process: the service's worker processes; elsewhere the
+limits are not enforced) and raises :class:`CallOverBudget`. Interrupted pure-Python work (a traversal of a
 file system whose directories alias each other) stops at once; C-level work cannot be interrupted, which
 is why :func:`_resource_guard` refuses the known numeric blow-ups before they start.
 """
@@ -54,15 +55,18 @@ import ast
 import contextlib
 import copy
 import functools
+import gc
 import importlib
 import inspect
 import json
 import keyword
 import math
+import os
 import re
 import signal
 import threading
 import time
+import traceback
 import types
 import unicodedata
 from dataclasses import dataclass, field
@@ -110,39 +114,62 @@ def format_call_string(call: ToolCall) -> str:
 
 
 class CallOverBudget(Exception):
-    """A backend call was interrupted after ``seconds``; its effects so far stay in the state."""
-
-    def __init__(self, seconds: float):
-        super().__init__(f"the call was stopped after {seconds:g} s, its time budget")
-        self.seconds = seconds
+    """A backend call was interrupted (too long, or too much memory); its effects so far stay in the state."""
 
 
 class _Interrupted(BaseException):
     """Raised by the timer inside the backend; a BaseException so backends' ``except Exception`` pass it on."""
 
 
+_TICK_S = 0.02  # how often a running call's clock and memory are checked
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc is missing: no memory budget there)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 @contextlib.contextmanager
-def time_limit(seconds: float | None):
-    """Interrupt the body after ``seconds`` (CallOverBudget); a no-op off the main thread or for None."""
+def time_limit(seconds: float | None, memory_bytes: int | None = None):
+    """Interrupt the body after ``seconds``, or once it has grown the process by ``memory_bytes``
+    (:class:`CallOverBudget`); a no-op off the main thread or for ``seconds=None``."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    armed = True
+    armed, why = True, ""
+    deadline = time.monotonic() + seconds
+    memory_cap = resident_bytes() + memory_bytes if memory_bytes else 0
 
-    def on_alarm(signum, frame):
-        if armed:  # a signal that arrives while disarming must not escape
-            raise _Interrupted
+    def on_tick(signum, frame):
+        nonlocal why
+        if not armed:  # a signal that arrives while disarming must not escape
+            return
+        if time.monotonic() >= deadline:
+            why = f"the call was stopped after {round(seconds, 2):g} s, its time budget"
+        elif memory_cap and resident_bytes() > memory_cap:
+            why = f"the call was stopped: it used more than {memory_bytes // 2**20} MiB of memory, its budget"
+        else:
+            return
+        raise _Interrupted
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 1e-4))
+    previous = signal.signal(signal.SIGALRM, on_tick)
+    signal.setitimer(signal.ITIMER_REAL, min(max(float(seconds), 1e-4), _TICK_S), _TICK_S)
     try:
         yield
-    except _Interrupted:
-        raise CallOverBudget(seconds) from None
+    except _Interrupted as interrupted:
+        # Free what the stopped call built (e.g. a traversal's list) now, not whenever the cyclic GC runs.
+        traceback.clear_frames(interrupted.__traceback__)
     finally:
         armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if why:
+        raise CallOverBudget(why)
 
 
 def clip_text(text: str, max_bytes: int) -> str:
@@ -492,11 +519,12 @@ class BackendSession:
 
     # -- execution -------------------------------------------------------------------------
 
-    def execute(self, call: ToolCall, time_limit_s: float | None = None) -> str:
+    def execute(self, call: ToolCall, time_limit_s: float | None = None, memory_limit_bytes: int | None = None) -> str:
         """Execute one call and return bfcl's result string.
 
         Raises :class:`ToolNotAvailable` for a known tool outside ``allowed`` and :class:`CallOverBudget`
-        when the backend method runs longer than ``time_limit_s`` (see the module docstring); every other
+        when the backend method runs longer than ``time_limit_s`` or grows the process by more than
+        ``memory_limit_bytes`` (see the module docstring); every other
         problem (unknown name, bad arguments, backend exception) is reported in the returned string.
         """
         self._check_open()
@@ -544,11 +572,18 @@ class BackendSession:
         # eval would build fresh argument objects; never let a backend alias the caller's values.
         kwargs = copy.deepcopy(kwargs)
         method = getattr(self._instances[self._owners[name]], name)
-        with time_limit(time_limit_s):
-            try:
-                return _result_to_string(method(**kwargs))
-            except Exception as error:  # bfcl catches Exception around eval and conversion
-                return f"{ERROR_PREFIX}{error}"
+        try:
+            with time_limit(time_limit_s, memory_limit_bytes):
+                try:
+                    return _result_to_string(method(**kwargs))
+                except Exception as error:  # bfcl catches Exception around eval and conversion
+                    return f"{ERROR_PREFIX}{error}"
+        except CallOverBudget as error:
+            why = str(error)
+        # bfcl's traversals (find, du) build their results inside a recursive nested function, a reference
+        # cycle: only the cyclic GC frees what a stopped one built (once its traceback is gone), so run it now.
+        gc.collect()
+        raise CallOverBudget(why)
 
     def _unknown_name_result(self, processed: str) -> str:
         """What bfcl's ``eval`` reports for a name that is no tool: a SyntaxError or NameError text.

@@ -31,11 +31,12 @@ import math
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from env_service import tasks as tasks_mod
-from env_service.config import EnvConfig, RewardBlockConfig
+from env_service.config import EnvConfig, RewardBlockConfig, ServiceLimits
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ MAX_PROFILE_BYTES = 1024 * 1024
 MAX_INSTANCE_ID_LEN = 200
 #: How long a request waits for another request on the same episode before giving up with 409.
 EPISODE_LOCK_TIMEOUT_S = 120.0
+#: Runs whose failure profiles are kept at once (the least recently pushed is dropped beyond).
+MAX_RUN_PROFILES = 64
+#: Evaluations of released episodes kept for retried ``evaluate`` calls (a lost response), and for how long.
+EVALUATION_CACHE_SIZE = 2048
+EVALUATION_CACHE_TTL_S = 600.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,6 +121,12 @@ class EpisodeFailure(ManagerError):
     """An unexpected exception inside an episode (a bug on our side; logged with its traceback)."""
 
     status, code = 500, "episode_failure"
+
+
+class EpisodeLost(ManagerError):
+    """The worker process holding the episode died or was killed (it stopped answering); start a new one."""
+
+    status, code = 500, "episode_lost"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,12 +200,12 @@ def _check_content(content: Any) -> str:
     return content
 
 
-def _check_instance_id(instance_id: Any) -> str:
+def _check_instance_id(instance_id: Any, what: str = "instance_id") -> str:
     if not isinstance(instance_id, str) or not instance_id:
-        raise BadRequest("'instance_id' must be a non-empty string")
+        raise BadRequest(f"'{what}' must be a non-empty string")
     if len(instance_id) > MAX_INSTANCE_ID_LEN or not instance_id.isprintable():
         raise BadRequest(
-            f"'instance_id' must be printable and at most {MAX_INSTANCE_ID_LEN} characters"
+            f"'{what}' must be printable and at most {MAX_INSTANCE_ID_LEN} characters"
         )
     return instance_id
 
@@ -273,6 +285,7 @@ class _Slot:
     last_step: dict | None = None  # cached response of step ``steps - 1`` (for retried steps)
     last_content: str | None = None
     closed: bool = False  # released or reclaimed; set under ``lock``
+    owner: str | None = None  # the run (or client address) that created it
 
 
 class EpisodeManager:
@@ -280,23 +293,40 @@ class EpisodeManager:
 
     def __init__(
         self,
-        max_episodes: int = 4096,
-        idle_timeout_s: float = 3600.0,
-        reclaim_interval_s: float = 300.0,
+        max_episodes: int | None = None,
+        idle_timeout_s: float | None = None,
+        reclaim_interval_s: float | None = None,
         clock=time.monotonic,
+        limits: ServiceLimits | None = None,
+        workers: int = 0,
     ):
-        if max_episodes < 1:
-            raise ValueError("max_episodes must be >= 1")
-        self.max_episodes = int(max_episodes)
-        self.idle_timeout_s = float(idle_timeout_s)
-        self.reclaim_interval_s = float(reclaim_interval_s)
+        """``limits``: budgets and limits (defaults: :class:`ServiceLimits`); the three keyword arguments
+        before it override its fields. ``workers``: processes that run the episodes (0: in this process,
+        where time budgets hold only on the main thread; see ``workers.py``)."""
+        overrides = {"max_episodes": max_episodes, "idle_timeout_s": idle_timeout_s,
+                     "reclaim_interval_s": reclaim_interval_s}
+        try:
+            limits = (limits or ServiceLimits()).replace(**{k: v for k, v in overrides.items() if v is not None})
+        except ValueError as error:
+            raise ValueError(f"invalid service limits: {error}") from None
+        self.limits = limits
+        self.max_episodes = limits.max_episodes
+        self.idle_timeout_s = limits.idle_timeout_s
+        self.reclaim_interval_s = limits.reclaim_interval_s
+        self._pool = None
+        if workers:
+            from env_service.workers import WorkerPool
+
+            self._pool = WorkerPool(workers, limits)
         self._clock = clock
         self._started = clock()
         self._lock = threading.Lock()
         self._slots: dict[str, _Slot] = {}
-        self._profile: dict | None = None
+        # run id ("" for requests that name none) -> {"profile", "version", "updated_at"}, oldest push first
+        self._profiles: OrderedDict[str, dict] = OrderedDict()
         self._profile_version = 0
-        self._profile_updated: float | None = None
+        # released instance id -> (reward fingerprint, evaluation, expiry), oldest first
+        self._evaluated: OrderedDict[str, tuple[str, dict, float]] = OrderedDict()
         self._known_tasks: frozenset[str] | None = None
         self._counts = {
             "created": 0,
@@ -306,6 +336,7 @@ class EpisodeManager:
             "evaluations": 0,
             "client_errors": 0,
             "episode_failures": 0,
+            "episodes_lost": 0,
         }
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -321,6 +352,8 @@ class EpisodeManager:
             ids = tasks_mod.task_ids("all")
             tasks_mod.load_task(ids[0])  # builds and caches every task
             self._known_tasks = frozenset(ids)
+        if self._pool is not None:
+            self._pool.start()
 
     def _task_ids(self) -> frozenset[str]:
         self.warm_up()
@@ -330,14 +363,16 @@ class EpisodeManager:
         instance_id = _check_instance_id(instance_id)
         with self._lock:
             slot = self._slots.get(instance_id)
-            if slot is not None:
-                slot.last_access = self._clock()
         if slot is None:
             raise UnknownInstance(
                 f"unknown instance_id {instance_id!r}: never created, already released, or "
                 f"reclaimed after {self.idle_timeout_s:.0f} s idle; create a new episode"
             )
         return slot
+
+    def _touch(self, slot: _Slot) -> None:
+        """A request on the episode succeeded: it is not idle. (Refused requests never count as use.)"""
+        slot.last_access = self._clock()
 
     def _acquire(self, slot: _Slot) -> None:
         if not slot.lock.acquire(timeout=EPISODE_LOCK_TIMEOUT_S):
@@ -351,10 +386,17 @@ class EpisodeManager:
 
     def _guard(self, what: str, slot: _Slot, fn, *args):
         """Run an episode method; unexpected exceptions become EpisodeFailure (logged, 500)."""
+        from env_service.workers import WorkerBusy, WorkerLost
+
         try:
             return fn(*args)
         except ManagerError:
             raise
+        except WorkerLost as error:
+            self._drop_lost(slot)
+            raise EpisodeLost(f"episode {slot.instance_id!r} is lost: {error}; start a new episode") from None
+        except WorkerBusy as error:
+            raise CapacityExceeded(f"{error}; retry later") from None
         except Exception as error:  # noqa: BLE001 - a bug in an episode must not take the service down
             self._count("episode_failures")
             log.exception("%s failed for episode %s (task %s)", what, slot.instance_id, slot.task_id)
@@ -363,10 +405,24 @@ class EpisodeManager:
                 f"({type(error).__name__}); the episode may be inconsistent, release it"
             ) from None
 
+    def _drop_lost(self, slot: _Slot) -> None:
+        """Forget an episode whose worker was replaced (the caller holds the slot's lock)."""
+        with self._lock:
+            if self._slots.get(slot.instance_id) is slot:
+                del self._slots[slot.instance_id]
+            self._counts["episodes_lost"] += 1
+        slot.closed = True
+        log.warning("episode %s (task %s) lost with its worker", slot.instance_id, slot.task_id)
+
     # -- create --------------------------------------------------------------------------------
 
-    def create(self, task_id: Any, mode: Any, params: Any = None, instance_id: Any = None) -> dict:
-        """Start an episode; returns ``{"instance_id", "messages", "info"}``."""
+    def create(self, task_id: Any, mode: Any, params: Any = None, instance_id: Any = None,
+               owner: str | None = None, run_id: str | None = None) -> dict:
+        """Start an episode; returns ``{"instance_id", "messages", "info"}``.
+
+        ``owner``: whom the episode counts against (the service passes the run id, else the client
+        address). ``run_id``: whose failure profile a TRAIN episode gets (see ``set_profile``).
+        """
         task_id, mode, params = self._check_create(task_id, mode, params)
         config = _config_from_params(params)
         fingerprint = _request_fingerprint(task_id, mode, params)
@@ -377,10 +433,10 @@ class EpisodeManager:
                 return replay
         else:
             instance_id = f"ep_{uuid.uuid4().hex}"
-        self._ensure_capacity()
+        self._ensure_capacity(owner)
 
         task = self._load_task(task_id)
-        episode, messages, profile_version = self._start_episode(task, mode, config)
+        episode, messages, profile_version = self._start_episode(task, mode, config, run_id, key=instance_id)
         info = {
             "instance_id": instance_id,
             "task_id": task_id,
@@ -395,7 +451,7 @@ class EpisodeManager:
             info = {**extra, **info}
         initial = _json_safe({"instance_id": instance_id, "messages": messages, "info": info})
         now = self._clock()
-        self._register(_Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now))
+        self._register(_Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner))
         return copy.deepcopy(initial)
 
     def _register(self, slot: _Slot) -> None:
@@ -406,6 +462,8 @@ class EpisodeManager:
             elif len(self._slots) >= self.max_episodes:
                 problem = CapacityExceeded(f"{len(self._slots)} live episodes (limit {self.max_episodes}); "
                                            f"release finished episodes or retry later")
+            elif self._owned(slot.owner) >= self.limits.max_episodes_per_owner:
+                problem = self._owner_full(slot.owner)
             else:
                 problem = None
                 self._slots[slot.instance_id] = slot
@@ -414,13 +472,20 @@ class EpisodeManager:
             self._close(slot)
             raise problem
 
-    def _start_episode(self, task, mode: str, config: EnvConfig):
-        """Build the episode and its first messages; TRAIN episodes get the latest failure profile."""
-        profile_state = self.get_profile() if mode == "train" else None
+    def _start_episode(self, task, mode: str, config: EnvConfig, run_id: str | None = None, key: str = ""):
+        """Build the episode and its first messages; TRAIN episodes get their run's latest failure profile."""
+        from env_service.workers import WorkerBusy, WorkerLost
+
+        profile_state = self.get_profile(run_id) if mode == "train" else None
         profile = profile_state["profile"] if profile_state else None
         try:
-            episode = _episode_api().Episode(task, mode, config, profile)
+            if self._pool is not None:
+                episode = self._pool.create(key, task.id, mode, config, profile)
+            else:
+                episode = _episode_api().Episode(task, mode, config, profile, self.limits)
             messages = episode.initial_messages()
+        except (WorkerLost, WorkerBusy) as error:  # retrying the create is safe
+            raise CapacityExceeded(f"cannot start an episode for {task.id} now ({error}); retry") from None
         except ValueError as error:  # a config combination the episode refuses
             raise InvalidConfig(f"cannot start episode for {task.id}: {error}") from None
         except Exception as error:  # noqa: BLE001 - a bug: log it, answer 500 without internals
@@ -467,19 +532,30 @@ class EpisodeManager:
             f"stepped); choose a new id or release the old episode"
         )
 
-    def _ensure_capacity(self) -> None:
+    def _owned(self, owner: str | None) -> int:
+        """Live episodes of ``owner`` (call with ``_lock`` held)."""
+        return sum(1 for slot in self._slots.values() if slot.owner == owner)
+
+    def _owner_full(self, owner: str | None) -> CapacityExceeded:
+        return CapacityExceeded(
+            f"{self.limits.max_episodes_per_owner} live episodes of this client ({owner or 'anonymous'}) "
+            f"already, its limit; release finished episodes or retry later")
+
+    def _ensure_capacity(self, owner: str | None = None) -> None:
         with self._lock:
-            live = len(self._slots)
-        if live < self.max_episodes:
+            live, owned = len(self._slots), self._owned(owner)
+        if live < self.max_episodes and owned < self.limits.max_episodes_per_owner:
             return
         self.reclaim_idle()
         with self._lock:
-            live = len(self._slots)
+            live, owned = len(self._slots), self._owned(owner)
         if live >= self.max_episodes:
             raise CapacityExceeded(
                 f"{live} live episodes (limit {self.max_episodes}); release finished episodes "
                 f"or retry later"
             )
+        if owned >= self.limits.max_episodes_per_owner:
+            raise self._owner_full(owner)
 
     # -- step ----------------------------------------------------------------------------------
 
@@ -497,6 +573,7 @@ class EpisodeManager:
         try:
             cached = self._check_seq(slot, seq, content)
             if cached is not None:
+                self._touch(slot)
                 return copy.deepcopy(cached)
             if slot.terminated or getattr(slot.episode, "terminated", False):
                 raise Conflict(
@@ -507,6 +584,7 @@ class EpisodeManager:
             slot.steps += 1
             slot.terminated = bool(result["terminated"])
             slot.last_step, slot.last_content = result, content
+            self._touch(slot)
         finally:
             slot.lock.release()
         self._count("steps")
@@ -538,19 +616,47 @@ class EpisodeManager:
         """The episode's evaluation (verdict, reward, tags, ...); may be called more than once.
 
         ``release=True`` also releases the episode once evaluated: the usual end of an episode in one
-        round trip instead of two.
+        round trip instead of two. Its evaluation is kept a while (``EVALUATION_CACHE_*``), so a retry
+        after a lost response gets the same answer instead of 404.
         """
         reward_cfg = _reward_config(reward)
-        slot = self._slot(instance_id)
-        self._acquire(slot)
+        fingerprint = json.dumps(reward, sort_keys=True, default=str)
         try:
-            result = self._guard("evaluate", slot, slot.episode.evaluate, reward_cfg)
+            slot = self._slot(instance_id)
+            self._acquire(slot)
+        except UnknownInstance:
+            cached = self._earlier_evaluation(instance_id, fingerprint)
+            if cached is None:
+                raise
+            return cached
+        try:
+            result = _json_safe(self._guard("evaluate", slot, slot.episode.evaluate, reward_cfg))
+            self._touch(slot)
         finally:
             slot.lock.release()
         self._count("evaluations")
         if release:
+            self._remember_evaluation(slot.instance_id, fingerprint, result)
             self.release(instance_id)
-        return _json_safe(result)
+        return copy.deepcopy(result) if release else result
+
+    def _remember_evaluation(self, instance_id: str, fingerprint: str, result: dict) -> None:
+        with self._lock:
+            self._evaluated.pop(instance_id, None)  # an id created again: keep the order = expiry order
+            self._evaluated[instance_id] = (fingerprint, result, self._clock() + EVALUATION_CACHE_TTL_S)
+            while len(self._evaluated) > EVALUATION_CACHE_SIZE:
+                self._evaluated.popitem(last=False)
+
+    def _earlier_evaluation(self, instance_id: str, fingerprint: str) -> dict | None:
+        """The evaluation a released episode answered with the same reward config, while it is kept."""
+        now = self._clock()
+        with self._lock:
+            while self._evaluated and next(iter(self._evaluated.values()))[2] < now:
+                self._evaluated.popitem(last=False)  # expired (entries are in expiry order)
+            kept = self._evaluated.get(instance_id)
+        if kept is None or kept[0] != fingerprint:
+            return None
+        return copy.deepcopy(kept[1])
 
     def release(self, instance_id: Any) -> bool:
         """Forget an episode; False when it was not live (already released or reclaimed)."""
@@ -582,7 +688,10 @@ class EpisodeManager:
             slot.lock.release()
 
     def reclaim_idle(self, now: float | None = None) -> int:
-        """Release episodes idle for longer than ``idle_timeout_s``; returns how many."""
+        """Release episodes idle for longer than ``idle_timeout_s``; returns how many. (The service runs
+        this every ``reclaim_interval_s``; it also replaces worker processes that died between requests.)"""
+        if self._pool is not None and self._pool.replace_dead():
+            log.warning("replaced dead env workers; their episodes are lost")
         now = self._clock() if now is None else now
         cutoff = now - self.idle_timeout_s
         with self._lock:
@@ -603,8 +712,12 @@ class EpisodeManager:
 
     # -- failure profile -----------------------------------------------------------------------
 
-    def set_profile(self, profile: Any) -> dict:
-        """Store the trainer's failure profile; new TRAIN episodes get it (validation never does)."""
+    def set_profile(self, profile: Any, run_id: str | None = None) -> dict:
+        """Store a run's failure profile; the run's new TRAIN episodes get it (validation never does).
+
+        Profiles are per run (``run_id``; requests naming none share the anonymous one), so one run
+        can never change the prompts of another run's episodes.
+        """
         if not isinstance(profile, dict):
             raise BadRequest(f"'profile' must be a JSON object, got {type(profile).__name__}")
         try:
@@ -615,18 +728,22 @@ class EpisodeManager:
             raise PayloadTooLarge(
                 f"profile is {len(encoded)} bytes; the limit is {MAX_PROFILE_BYTES} bytes"
             )
+        key = run_id or ""
         with self._lock:
             # Episodes get their own copy (get_profile), so one stored copy is enough.
-            self._profile = json.loads(encoded)
             self._profile_version += 1
-            self._profile_updated = time.time()
             version = self._profile_version
+            self._profiles.pop(key, None)
+            self._profiles[key] = {"profile": json.loads(encoded), "version": version, "updated_at": time.time()}
+            while len(self._profiles) > MAX_RUN_PROFILES:
+                self._profiles.popitem(last=False)
         return {"version": version}
 
-    def get_profile(self) -> dict:
+    def get_profile(self, run_id: str | None = None) -> dict:
+        """The run's latest profile: ``{"profile", "version", "updated_at"}`` (None / 0 / None if never pushed)."""
         with self._lock:
-            profile, version, updated = self._profile, self._profile_version, self._profile_updated
-        return {"profile": copy.deepcopy(profile), "version": version, "updated_at": updated}
+            state = self._profiles.get(run_id or "", {"profile": None, "version": 0, "updated_at": None})
+        return copy.deepcopy(state)
 
     # -- stats ---------------------------------------------------------------------------------
 
@@ -652,14 +769,26 @@ class EpisodeManager:
             "uptime_s": round(self._clock() - self._started, 3),
         }
 
+    def health(self) -> dict:
+        """Whether the episodes can run: ``{"ok", "workers", ...}`` (per worker: alive, busy, answering).
+
+        Cheap and non-blocking (no request to a worker), so probes get an answer even under load; a worker
+        counts as answering while it is alive and not past the deadline of the request it is serving.
+        """
+        if self._pool is None:
+            return {"ok": True, "workers": 0}
+        return self._pool.health()
+
     def close_all(self) -> int:
-        """Release every live episode (service shutdown)."""
+        """Release every live episode and stop the workers (service shutdown)."""
         with self._lock:
             slots = list(self._slots.values())
             self._slots.clear()
             self._counts["released"] += len(slots)
         for slot in slots:
             self._close(slot, wait_s=0.0)  # shutdown must not wait for a hung request
+        if self._pool is not None:
+            self._pool.close()
         return len(slots)
 
 
@@ -670,6 +799,7 @@ __all__ = [
     "CapacityExceeded",
     "Conflict",
     "EpisodeFailure",
+    "EpisodeLost",
     "EpisodeManager",
     "InvalidConfig",
     "InvalidContent",

@@ -308,7 +308,8 @@ class _ReplayBudget:
         if remaining <= 0:
             return over_budget_text(f"not replayed: the evaluation used up its {self.limits.evaluate_budget_s:g} s"), True
         try:
-            result = session.execute(record.calls[index], min(self.limits.call_budget_s, remaining))
+            result = session.execute(record.calls[index], min(self.limits.call_budget_s, remaining),
+                                     self.limits.call_memory_mib * 2**20)
         except CallOverBudget as stopped:
             return over_budget_text(str(stopped)), True
         return clip_text(result, self.limits.max_reply_bytes), False

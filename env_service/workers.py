@@ -5,8 +5,10 @@ Backend work is CPU-bound Python, so one process runs one call at a time whateve
 socket pair: nothing of the service's threaded process is forked, and no caller's main module is re-run,
 as multiprocessing's spawn would); each loads the task table once (about 2 s) and
 then holds whole :class:`~env_service.episode.Episode` objects — backends, turn records, the verifier's replay
-at evaluate — keyed by the manager's instance id. An episode stays on the worker that created it (the one
-with the fewest episodes at the time), because its backend state lives there.
+at evaluate — keyed by the manager's instance id. An episode stays on the worker that created it, because
+its backend state lives there. A new episode goes to the worker with the fewest episodes among those busy
+less than half of the last ``BUSY_WINDOW_S`` (all of them when none is): a worker that a hostile client keeps
+busy with budget-exhausting messages gets no new episodes while another one has room.
 
 Inside a worker, calls run on the main thread, where the episode's time budgets interrupt them
 (:func:`~env_service.executor.time_limit`). The parent waits for each answer at most the request's budget
@@ -27,6 +29,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,8 @@ START_TIMEOUT_S = 120.0
 QUEUE_TIMEOUT_S = 300.0
 #: Budget of requests that do no backend work (create, close, ping), on top of ``worker_grace_s``.
 SHORT_REQUEST_S = 10.0
+#: The window over which a worker's busy share is measured when placing new episodes.
+BUSY_WINDOW_S = 10.0
 
 
 class WorkerLost(Exception):
@@ -132,6 +137,7 @@ class _Worker:
     generation: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy_since: float | None = None
+    recent: deque = field(default_factory=deque)  # (end, seconds busy) of requests in the last window
     busy_deadline_s: float = 0.0
     episodes: set = field(default_factory=set)
     restarts: int = 0
@@ -223,7 +229,10 @@ class WorkerPool:
                 self._kill(worker, f"connection lost during {op} ({type(error).__name__})")
                 raise WorkerLost(f"the episode's worker died during {op} and was replaced") from None
             finally:
-                worker.busy_since = None
+                now = time.monotonic()
+                with self._state:  # _placement iterates the deque
+                    worker.recent.append((now, now - worker.busy_since))
+                    worker.busy_since = None
         finally:
             worker.lock.release()
         if ok:
@@ -236,7 +245,7 @@ class WorkerPool:
     def create(self, key: str, task_id: str, mode: str, config, profile) -> "RemoteEpisode":
         self.start()
         with self._state:
-            worker = min(self._workers, key=lambda w: len(w.episodes))
+            worker = self._placement()
             worker.episodes.add(key)
             generation = worker.generation
         try:
@@ -247,6 +256,36 @@ class WorkerPool:
                 worker.episodes.discard(key)
             raise
         return RemoteEpisode(self, worker, generation, key, messages, info)
+
+    def replace_dead(self) -> int:
+        """Replace workers that died between requests (their episodes are lost); returns how many."""
+        replaced = 0
+        for worker in self._workers:
+            if worker.process is None or worker.process.poll() is None:
+                continue
+            if worker.lock.acquire(blocking=False):  # a busy one is handled by its request
+                try:
+                    if worker.process.poll() is not None:
+                        self._kill(worker, f"exited with code {worker.process.returncode}")
+                        replaced += 1
+                finally:
+                    worker.lock.release()
+        return replaced
+
+    def _busy_share(self, worker: _Worker, now: float) -> float:
+        """Share of the last ``BUSY_WINDOW_S`` the worker spent on requests (call with ``_state`` held)."""
+        while worker.recent and worker.recent[0][0] < now - BUSY_WINDOW_S:
+            worker.recent.popleft()
+        busy = sum(seconds for _, seconds in worker.recent)
+        since = worker.busy_since
+        if since is not None:
+            busy += now - since
+        return busy / BUSY_WINDOW_S
+
+    def _placement(self) -> _Worker:
+        now = time.monotonic()
+        calm = [w for w in self._workers if self._busy_share(w, now) < 0.5] or self._workers
+        return min(calm, key=lambda w: len(w.episodes))
 
     def forget(self, worker: _Worker, key: str) -> None:
         with self._state:

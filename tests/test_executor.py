@@ -435,8 +435,49 @@ def test_costly_math_arguments_are_refused_before_they_stall_the_service():
             session.execute(ToolCall("logarithm", {"value": 10, "base": 2, "precision": 10**9})),
             session.execute(ToolCall("square_root", {"number": 2, "precision": 10**9})),
             session.execute(ToolCall("power", {"base": 10, "exponent": 10**9})),
+            # shapes that stalled bfcl's backends 15-150 s: a huge negative rounding, the precision as a
+            # string (mpmath takes int() of it), a huge base below the exponent limit
+            session.execute(ToolCall("round_number", {"number": 5, "decimal_places": -10**9})),
+            session.execute(ToolCall("logarithm", {"value": 10, "base": 2, "precision": "100000000"})),
+            session.execute(ToolCall("logarithm", {"value": 10, "base": 2, "precision": " 100000000 "})),
+            session.execute(ToolCall("power", {"base": 10**4000, "exponent": 10000})),
+            session.execute(ToolCall("power", {"base": -(10**4000), "exponent": 9999})),
         ]
         assert time.monotonic() - start < 1.0
         assert all(r.startswith("Error during execution:") and "limit" in r for r in results), results
         # ordinary values still compute exactly as bfcl does
         assert session.execute(ToolCall("power", {"base": 2, "exponent": 10})) == '{"result": 1024}'
+
+
+def test_time_and_memory_budgets_stop_a_call_and_free_what_it_built():
+    import time
+
+    from env_service.executor import CallOverBudget, resident_bytes, time_limit
+
+    started = time.monotonic()
+    with pytest.raises(CallOverBudget, match="0.2 s, its time budget"):
+        with time_limit(0.2):
+            while True:  # a backend's endless pure-Python loop
+                pass
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(CallOverBudget, match="more than 64 MiB of memory"):
+        with time_limit(30, 64 * 2**20):
+            hoard = []
+            while True:
+                hoard.append("x" * 1000 + str(len(hoard)))
+    del hoard
+    assert resident_bytes() > 0
+
+
+def test_state_size_counts_shared_objects_once_and_stops_at_its_limit():
+    from env_service.executor import state_size
+
+    shared = ["y" * 1000]
+    assert 1000 < state_size({"a": shared, "b": shared}, 10**6) < 2000
+    cycle: list = []
+    cycle.append(cycle)
+    assert state_size(cycle, 10**6) < 1000
+    chain = None
+    for _ in range(100_000):
+        chain = [chain, "z" * 10]
+    assert 10_000 < state_size(chain, 10_000) < 10_200  # the walk stops right after the limit
