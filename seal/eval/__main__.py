@@ -1,0 +1,135 @@
+"""Evaluate a model on BFCL multi-turn: the paper's table, the failure profile, and bfcl-eval's own score.
+
+    python -m seal.eval checkpoint [--model PATH_OR_HUB_ID] [--conf exp/SEAL.yaml] [task options] [-- overrides]
+    python -m seal.eval endpoint --endpoint http://host:8000/v1 --model NAME [--api-key KEY] [task options]
+    python -m seal.eval report --out DIR
+
+Task options: ``--tasks heldout|train|all`` (default heldout), ``--category base``, ``--ids a,b,...``,
+``--limit N`` (per category), ``--max-model-calls N``. Everything goes under ``--out`` (default
+``eval_results/<name>``): ``results.jsonl`` (one line per task, appended as each finishes; a rerun skips the
+finished ones), ``table.{md,csv,json}``, ``failure_profile.{md,json}`` and ``bfcl/`` (bfcl-eval's result files
+and its own scores, ``bfcl/score.json``; ``--no-bfcl`` skips it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from seal.eval import report
+from seal.eval.records import finished_tasks, load_records
+from seal.eval.tasks import SELECTIONS, select_tasks
+
+RESULTS_FILE = "results.jsonl"
+
+
+def _task_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", default="heldout", choices=SELECTIONS, help="which split (default: heldout)")
+    parser.add_argument("--category", help="one category: base, miss_func, miss_param or long_context")
+    parser.add_argument("--ids", help="comma-separated task ids (overrides --tasks)")
+    parser.add_argument("--limit", type=int, help="the first N tasks of each category")
+    parser.add_argument("--max-model-calls", type=int, help="model calls per episode (default: the recipe's, 20)")
+    parser.add_argument("--out", help="output folder (default: eval_results/<name>)")
+    parser.add_argument("--name", help="the row name in the table (default: from the model)")
+    parser.add_argument("--no-bfcl", action="store_true", help="do not score with bfcl-eval's own evaluate")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m seal.eval", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ckpt = sub.add_parser("checkpoint", help="a checkpoint or hub id through training's validation path")
+    ckpt.add_argument("--model", help="HF checkpoint dir or hub id (default: the recipe's model)")
+    ckpt.add_argument("--conf", help="recipe (default: exp/SEAL.yaml with a GPU, exp/cpu_tiny.yaml without)")
+    ckpt.add_argument("overrides", nargs="*", help="extra Hydra overrides for the recipe")
+    _task_args(ckpt)
+    api = sub.add_parser("endpoint", help="an OpenAI-compatible chat endpoint")
+    api.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
+    api.add_argument("--model", required=True, help="the model name the endpoint serves")
+    api.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
+    api.add_argument("--max-tokens", type=int, default=1024, help="tokens per model call")
+    api.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
+    api.add_argument("--env-url", help="a running environment service (default: one in this process)")
+    api.add_argument("--tool-prompt-mode", default="bfcl_qwen_fc", help="bfcl_qwen_fc or toolace_llama")
+    _task_args(api)
+    rep = sub.add_parser("report", help="table, failure profile and bfcl score of an existing results file")
+    rep.add_argument("--out", required=True)
+    rep.add_argument("--name")
+    rep.add_argument("--no-bfcl", action="store_true")
+    return parser
+
+
+def _name(args) -> str:
+    if args.name:
+        return args.name
+    model = getattr(args, "model", None) or "model"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rstrip("/").split("/")[-1] if os.path.isdir(model) else model)
+
+
+def _pending(args, results_path: str) -> list[str]:
+    ids = [t.strip() for t in args.ids.split(",") if t.strip()] if args.ids else None
+    tasks = select_tasks(args.tasks, args.category, ids, args.limit)
+    done = finished_tasks(results_path)
+    pending = [t for t in tasks if t not in done]
+    print(f"[seal.eval] {len(tasks)} task(s) selected, {len(tasks) - len(pending)} already in {results_path}")
+    return pending
+
+
+def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
+    """Write the table and the failure profile; score the same results with bfcl-eval; print the table."""
+    results_path = os.path.join(out_dir, RESULTS_FILE)
+    summary = report.write_report(results_path, out_dir, name)
+    if bfcl:
+        from seal.eval.bfcl_files import score_with_bfcl
+
+        scores = score_with_bfcl(load_records(results_path), os.path.join(out_dir, "bfcl"))
+        summary["bfcl_eval"] = scores
+        with open(os.path.join(out_dir, "bfcl", "score.json"), "w") as f:
+            json.dump(scores, f, indent=1)
+        print("[seal.eval] bfcl-eval's own accuracy: "
+              + ", ".join(f"{c} {100 * s['accuracy']:.2f}% ({s['correct_count']}/{s['total_count']})"
+                          for c, s in scores.items()))
+    with open(os.path.join(out_dir, "table.md")) as f:
+        print(f.read())
+    print(f"[seal.eval] wrote {out_dir}/table.md, table.csv, table.json, failure_profile.md"
+          + (", bfcl/" if bfcl else ""))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    name = _name(args)
+    out_dir = args.out or os.path.join("eval_results", name)
+    os.makedirs(out_dir, exist_ok=True)
+    results_path = os.path.join(out_dir, RESULTS_FILE)
+    if args.command == "endpoint":
+        from seal.eval.endpoint import EndpointSettings, run_endpoint
+
+        settings = EndpointSettings(url=args.endpoint, model=args.model, api_key=args.api_key,
+                                    max_tokens=args.max_tokens, max_model_calls=args.max_model_calls or 20)
+        run_endpoint(_pending(args, results_path), settings, results_path, env_url=args.env_url,
+                     env_params={"tool_prompt_mode": args.tool_prompt_mode}, concurrency=args.concurrency,
+                     progress=not args.no_progress)
+    elif args.command == "checkpoint":
+        from seal.eval.checkpoint import run_checkpoint
+
+        pending = _pending(args, results_path)
+        if pending:
+            status = run_checkpoint(pending, results_path, out_dir, recipe=args.conf, model=args.model,
+                                    max_model_calls=args.max_model_calls, extra_overrides=args.overrides,
+                                    progress=not args.no_progress)
+            if status:
+                return status
+    if not load_records(results_path):
+        print(f"[seal.eval] no results in {results_path}", file=sys.stderr)
+        return 1
+    finish(out_dir, name, bfcl=not args.no_bfcl)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

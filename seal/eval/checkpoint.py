@@ -1,0 +1,86 @@
+"""A checkpoint or hub id through training's own validation.
+
+The recipe is composed as for training, with ``trainer.val_only`` and ``trainer.val_before_train``, greedy
+``val_kwargs``, the model path, and the selected tasks as ``data.val_files``, and handed to ``seal.launch``
+(compose → preflight → environment service → trainer). The run does nothing but its step-0 validation, through
+the same rollout backend, agent loop, episode limits and environment settings as the training run's validation,
+so a checkpoint scores what its training validation scored. The agent loop appends one record per episode to the
+results file (``seal.eval.results_path``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from seal.eval.records import load_records
+from seal.eval.tasks import write_eval_dataset
+
+GPU_RECIPE = "exp/SEAL.yaml"
+CPU_RECIPE = "exp/cpu_tiny.yaml"
+
+
+def default_recipe() -> str:
+    try:
+        import torch
+
+        return GPU_RECIPE if torch.cuda.is_available() else CPU_RECIPE
+    except ImportError:
+        return CPU_RECIPE
+
+
+def eval_overrides(model: str | None, val_file: str, results_path: str, out_dir: str,
+                   max_model_calls: int | None = None) -> list[str]:
+    """Hydra overrides that turn a training recipe into a greedy, validation-only run over ``val_file``."""
+    out_dir = os.path.abspath(out_dir)
+    overrides = [
+        "trainer.val_only=true",
+        "trainer.val_before_train=true",
+        f"data.val_files={os.path.abspath(val_file)}",
+        "data.val_batch_size=null",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+        "actor_rollout_ref.rollout.val_kwargs.n=1",
+        "trainer.experiment_name=seal_eval",
+        f"seal.run_dir={out_dir}/run",
+        f"trainer.default_local_dir={out_dir}/run/checkpoints",
+        "trainer.logger=[console,file]",
+        "seal.checkpoint.save_best=false",
+        f"++seal.eval.results_path={os.path.abspath(results_path)}",
+    ]
+    if model:
+        overrides += [f"actor_rollout_ref.model.path={model}", "seal.tiny_model.build=false"]
+    if max_model_calls is not None:
+        overrides.append(f"seal.rollout.max_model_calls={int(max_model_calls)}")
+    return overrides
+
+
+def run_checkpoint(task_ids: list[str], results_path: str, out_dir: str, *, recipe: str | None = None,
+                   model: str | None = None, max_model_calls: int | None = None, extra_overrides: list[str] = (),
+                   progress: bool = True) -> int:
+    """Validate ``task_ids`` (the caller leaves out finished ones); returns the launcher's exit status."""
+    from seal import launch
+
+    val_file = write_eval_dataset(task_ids, os.path.join(out_dir, "eval_tasks.parquet"))
+    overrides = eval_overrides(model, val_file, results_path, out_dir, max_model_calls) + list(extra_overrides)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_progress, args=(results_path, len(task_ids), stop, progress), daemon=True)
+    watcher.start()
+    try:
+        return launch.main(["--conf", recipe or default_recipe(), *overrides])
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+
+
+def _progress(results_path: str, total: int, stop: threading.Event, enabled: bool) -> None:
+    """A progress bar fed by the records the agent loop appends (verl's validation has none of its own)."""
+    from tqdm import tqdm
+
+    start = len(load_records(results_path))
+    with tqdm(total=total, desc="eval (checkpoint)", unit="task", disable=not enabled) as bar:
+        while not stop.wait(2.0):
+            bar.n = min(total, len(load_records(results_path)) - start)
+            bar.refresh()
+        bar.n = min(total, len(load_records(results_path)) - start)
+        bar.refresh()

@@ -1,0 +1,143 @@
+"""The paper's table and the failure profile from a results file.
+
+Accuracy per category is passes / episodes with the binomial standard error sqrt(p(1-p)/n); the paper's
+Average is the mean of the four category accuracies (= passes / 400 on the balanced held-out set), whose standard
+error is sqrt(sum of the categories' squared errors) / number of categories (categories are independent samples).
+Episodes the environment could not run are counted apart and left out, as in training validation.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from env_service.vocabulary import CATEGORIES
+from seal.eval.records import load_records, scored
+
+#: Column titles of the paper's Table 1, in its order.
+TABLE_COLUMNS = {"average": "Average", "base": "Base", "miss_func": "Miss Func", "miss_param": "Miss Param",
+                 "long_context": "Long Context"}
+
+
+@dataclass
+class Cell:
+    """Accuracy (0..1) with its binomial standard error; ``n`` episodes, ``passed`` of them valid."""
+
+    accuracy: float
+    stderr: float
+    n: int
+    passed: int | None = None
+
+
+def binomial_cell(passed: int, n: int) -> Cell:
+    p = passed / n if n else float("nan")
+    return Cell(p, math.sqrt(p * (1 - p) / n) if n else float("nan"), n, passed)
+
+
+def average_cell(cells: list[Cell]) -> Cell:
+    """The mean of category accuracies and its standard error (independent categories)."""
+    cells = [c for c in cells if c.n]
+    if not cells:
+        return Cell(float("nan"), float("nan"), 0, 0)
+    k = len(cells)
+    return Cell(sum(c.accuracy for c in cells) / k, math.sqrt(sum(c.stderr ** 2 for c in cells)) / k,
+                sum(c.n for c in cells), sum(c.passed or 0 for c in cells))
+
+
+def accuracy_table(records: list[dict]) -> dict[str, Cell]:
+    """{category: Cell} for the categories present, plus ``average``."""
+    kept = scored(records)
+    table = {}
+    for category in CATEGORIES:
+        rows = [r for r in kept if r["category"] == category]
+        if rows:
+            table[category] = binomial_cell(sum(bool(r["valid"]) for r in rows), len(rows))
+    table["average"] = average_cell(list(table.values()))
+    return table
+
+
+def failure_profile(records: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """{"tags"|"labels": {category|"all": {name: share of that category's turns}}} over scored episodes."""
+    kept = scored(records)
+    profile: dict[str, dict[str, dict[str, float]]] = {}
+    for field in ("tags", "labels"):
+        per: dict[str, dict[str, float]] = {}
+        groups = {c: [r for r in kept if r["category"] == c] for c in CATEGORIES}
+        groups["all"] = kept
+        for name, rows in groups.items():
+            counts = Counter(item for r in rows for item in r.get(field, []))
+            total = sum(counts.values())
+            if total:
+                per[name] = {k: v / total for k, v in sorted(counts.items())}
+        profile[field] = per
+    return profile
+
+
+def pct(cell: Cell | None, stderr: bool = True) -> str:
+    if cell is None or cell.n == 0 or math.isnan(cell.accuracy):
+        return ""
+    return f"{100 * cell.accuracy:.2f} ± {100 * cell.stderr:.2f}" if stderr else f"{100 * cell.accuracy:.2f}"
+
+
+def markdown_table(rows: dict[str, dict[str, Cell]]) -> str:
+    """One row per model/run: ``rows[name][column]`` (percent ± standard error)."""
+    lines = ["| model | " + " | ".join(TABLE_COLUMNS.values()) + " |", "| --- |" + " ---: |" * len(TABLE_COLUMNS)]
+    for name, cells in rows.items():
+        lines.append(f"| {name} | " + " | ".join(pct(cells.get(c)) for c in TABLE_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows: dict[str, dict[str, Cell]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["model", *(f"{t} {k}" for t in TABLE_COLUMNS.values() for k in ("accuracy", "stderr", "n"))])
+    for name, cells in rows.items():
+        row = [name]
+        for column in TABLE_COLUMNS:
+            cell = cells.get(column)
+            row += [f"{100 * cell.accuracy:.4f}", f"{100 * cell.stderr:.4f}", cell.n] if cell and cell.n else ["", "", 0]
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def profile_markdown(profile: dict) -> str:
+    lines = []
+    for field, per in profile.items():
+        names = sorted({n for shares in per.values() for n in shares})
+        if not names:
+            continue
+        groups = list(per)
+        lines += [f"**{field}** (share of turns)", "", f"| {field[:-1]} | " + " | ".join(groups) + " |",
+                  "| --- |" + " ---: |" * len(groups)]
+        for n in names:
+            lines.append(f"| {n} | " + " | ".join(f"{100 * per[g].get(n, 0.0):.1f}" for g in groups) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(results_path: str, out_dir: str, name: str) -> dict:
+    """Write ``table.{md,csv,json}`` and ``failure_profile.{md,json}`` next to the results; return the JSON."""
+    records = load_records(results_path)
+    table = accuracy_table(records)
+    profile = failure_profile(records)
+    failed = [r["task_id"] for r in records if r.get("failed")]
+    os.makedirs(out_dir, exist_ok=True)
+    summary = {"model": name, "results": os.path.abspath(results_path), "episodes": len(records),
+               "env_failures": failed, "table": {k: asdict(v) for k, v in table.items()}, "failure_profile": profile}
+    note = f"\n{len(failed)} episode(s) the environment could not run are left out: {failed}\n" if failed else ""
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(markdown_table({name: table}) + note)
+    with open(os.path.join(out_dir, "table.csv"), "w") as f:
+        f.write(csv_table({name: table}))
+    with open(os.path.join(out_dir, "table.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(out_dir, "failure_profile.md"), "w") as f:
+        f.write(profile_markdown(profile))
+    with open(os.path.join(out_dir, "failure_profile.json"), "w") as f:
+        json.dump(profile, f, indent=1)
+    return summary

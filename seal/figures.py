@@ -1,0 +1,156 @@
+"""Figures (PNG) of one run or several: held-out accuracy per category over steps with standard-error bands
+(the paper's Figure 3), failure-tag shares and A-Patch weights over steps, and the A-Patch scale distribution
+per step.
+
+Single series over steps reuse ``seal.diagnostics.plot_over_steps``; what it cannot draw (bands, one panel per
+category, several runs) is here. Every function draws on its own Agg canvas (no global matplotlib state) and
+returns the path written, or None when the run logged nothing to draw.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Mapping
+
+from seal.diagnostics import plot_over_steps
+
+PANELS = ("average", "base", "miss_func", "miss_param", "long_context")
+APATCH = "seal/apatch"
+#: Per-step quantiles of the A-Patch scales, when the trainer logs them (``seal/apatch/scale/<q>``).
+SCALE_QUANTILES = ("min", "p10", "p25", "p50", "p75", "p90", "max")
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def accuracy_bands(runs: Mapping[str, Mapping[int, Mapping]], path: str) -> str | None:
+    """One panel per category (and the average): accuracy (%) over steps per run, shaded ± one standard error.
+    ``runs[name][step][column]`` is a ``seal.eval.report.Cell``."""
+    if not any(runs.values()):
+        return None
+    fig = _figure(4.0 * len(PANELS), 3.6)
+    for i, column in enumerate(PANELS):
+        ax = fig.add_subplot(1, len(PANELS), i + 1)
+        for name, history in runs.items():
+            points = [(s, h[column]) for s, h in sorted(history.items()) if column in h]
+            if not points:
+                continue
+            steps = [s for s, _ in points]
+            acc = [100 * c.accuracy for _, c in points]
+            se = [100 * c.stderr if not math.isnan(c.stderr) else 0.0 for _, c in points]
+            line = ax.plot(steps, acc, marker="o", markersize=3, label=name)[0]
+            ax.fill_between(steps, [a - e for a, e in zip(acc, se)], [a + e for a, e in zip(acc, se)],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_title(column.replace("_", " "))
+        ax.set_xlabel("global step")
+        if i == 0:
+            ax.set_ylabel("held-out accuracy (%)")
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    if handles:
+        fig.axes[-1].legend(handles, labels, fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+def _series(metrics: Mapping[int, Mapping[str, float]], prefix: str) -> dict[int, dict[str, float]]:
+    out = {}
+    for step, data in metrics.items():
+        values = {k[len(prefix):]: float(v) for k, v in data.items() if k.startswith(prefix)}
+        if values:
+            out[int(step)] = values
+    return out
+
+
+def tag_shares(metrics: Mapping[int, Mapping[str, float]], path: str) -> str | None:
+    """Share of each failure tag among the step's tagged turns (``seal/apatch/tag_frac/<tag>``)."""
+    history = _series(metrics, f"{APATCH}/tag_frac/")
+    if not history:
+        return None
+    return plot_over_steps(history, path, title="failure-tag shares per step", ylabel="share of turns", reference=None)
+
+
+def apatch_weights(metrics: Mapping[int, Mapping[str, float]], path: str) -> str | None:
+    """The weight of each tag A-Patch used per step (``seal/apatch/tag_weight/<tag>``)."""
+    history = _series(metrics, f"{APATCH}/tag_weight/")
+    if not history:
+        return None
+    return plot_over_steps(history, path, title="A-Patch tag weights per step", ylabel="weight")
+
+
+def label_shares(epoch_dumps: Mapping[int, Mapping], path: str) -> str | None:
+    """Share of each paper label per epoch, from the per-epoch diagnostic dumps (``diagnostic_stats/epoch_<e>.json``:
+    ``labels`` = {label: {"count": n, ...}}), drawn at each dump's global step."""
+    history = {}
+    for dump in epoch_dumps.values():
+        counts = {k: float(v.get("count", 0)) for k, v in (dump.get("labels") or {}).items()}
+        total = sum(counts.values())
+        if total and dump.get("global_step") is not None:
+            history[int(dump["global_step"])] = {k: v / total for k, v in counts.items()}
+    if not history:
+        return None
+    return plot_over_steps(history, path, title="paper-label shares per epoch", ylabel="share of turns", reference=None)
+
+
+def apatch_scales(metrics: Mapping[int, Mapping[str, float]], path: str) -> str | None:
+    """The distribution of A-Patch scales per step: nested quantile bands and the median when the trainer logs
+    ``seal/apatch/scale/<quantile>``; the mean scale (``seal/apatch/mean_scale``) always."""
+    steps = sorted(s for s, d in metrics.items() if f"{APATCH}/mean_scale" in d)
+    if not steps:
+        return None
+    fig = _figure(8, 4.5)
+    ax = fig.add_subplot(1, 1, 1)
+    quantiles = {q: [metrics[s].get(f"{APATCH}/scale/{q}") for s in steps] for q in SCALE_QUANTILES}
+    for low, high, alpha in (("min", "max", 0.12), ("p10", "p90", 0.2), ("p25", "p75", 0.3)):
+        if all(v is not None for v in quantiles[low] + quantiles[high]):
+            ax.fill_between(steps, quantiles[low], quantiles[high], color="tab:blue", alpha=alpha, linewidth=0,
+                            label=f"{low}–{high}")
+    if all(v is not None for v in quantiles["p50"]):
+        ax.plot(steps, quantiles["p50"], color="tab:blue", label="median")
+    ax.plot(steps, [metrics[s][f"{APATCH}/mean_scale"] for s in steps], color="black", marker="o", markersize=3,
+            label="mean")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("global step")
+    ax.set_ylabel("advantage scale")
+    ax.set_title("A-Patch scales per step")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def run_figures(run_dir: str, out_dir: str | None = None) -> list[str]:
+    """Every single-run figure of a training run, written to ``out_dir`` (default: the run directory)."""
+    import glob
+    import json
+
+    from seal.eval.runs import load_run, read_metrics
+
+    out_dir = out_dir or run_dir
+    metrics = read_metrics(run_dir)
+    dumps = {}
+    for p in glob.glob(os.path.join(run_dir, "diagnostic_stats", "epoch_*.json")):
+        with open(p) as f:
+            dumps[int(os.path.basename(p)[len("epoch_"):-len(".json")])] = json.load(f)
+    written = [
+        tag_shares(metrics, os.path.join(out_dir, "tag_shares.png")),
+        apatch_weights(metrics, os.path.join(out_dir, "apatch_weights.png")),
+        apatch_scales(metrics, os.path.join(out_dir, "apatch_scales.png")),
+        label_shares(dumps, os.path.join(out_dir, "label_shares.png")),
+    ]
+    try:
+        run = load_run(run_dir)
+        written.append(accuracy_bands({run.name: run.history}, os.path.join(out_dir, "accuracy_bands.png")))
+    except FileNotFoundError:
+        pass  # no validation logged yet
+    return [p for p in written if p]

@@ -1,0 +1,92 @@
+"""The results file (resumable, torn-line safe), task selection, the eval dataset, and the table's statistics."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow.parquet as pq
+import pytest
+
+from env_service.tasks import task_ids
+from seal.eval import report
+from seal.eval.records import TurnLog, append_record, finished_tasks, load_records, make_record
+from seal.eval.tasks import EVAL_SPLIT, select_tasks, write_eval_dataset
+
+
+def record(task_id, valid, tags=("pass",), labels=("pass",), failed=False):
+    evaluation = {"valid": valid, "reward": float(valid), "tags": list(tags), "labels": list(labels)}
+    return make_record(task_id, None if failed else evaluation, [], model_calls=1, termination="completed",
+                       tokens={"prompt": 1, "completion": 1}, source={}, failed=failed)
+
+
+def test_results_file_resumes_and_survives_a_torn_line(tmp_path):
+    path = str(tmp_path / "results.jsonl")
+    append_record(path, record("multi_turn_base_1", True))
+    append_record(path, record("multi_turn_base_2", False, failed=True))
+    with open(path, "a") as f:
+        f.write('{"task_id": "multi_turn_base_3", "valid": tr')  # interrupted mid-line
+    assert finished_tasks(path) == {"multi_turn_base_1"}  # the failed one is retried, the torn one too
+    append_record(path, record("multi_turn_base_2", True))  # the retry's record wins
+    assert {r["task_id"]: r["valid"] for r in load_records(path)} == {"multi_turn_base_1": True, "multi_turn_base_2": True}
+
+
+def test_accuracy_and_binomial_standard_errors():
+    records = ([record(f"multi_turn_base_{i}", i < 3) for i in range(4)]
+               + [record(f"multi_turn_miss_func_{i}", i < 1) for i in range(5)]
+               + [record("multi_turn_long_context_0", False, failed=True)])
+    table = report.accuracy_table(records)
+    assert table["base"].accuracy == 0.75 and table["base"].n == 4
+    assert table["base"].stderr == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
+    assert table["miss_func"].accuracy == 0.2 and "long_context" not in table  # env failures left out
+    assert table["average"].accuracy == pytest.approx((0.75 + 0.2) / 2)
+    assert table["average"].stderr == pytest.approx(math.sqrt(0.75 * 0.25 / 4 + 0.2 * 0.8 / 5) / 2)
+
+
+def test_failure_profile_shares_per_category():
+    records = [record("multi_turn_base_0", False, tags=("pass", "state_mismatch"), labels=("pass", "state_mismatch")),
+               record("multi_turn_base_1", False, tags=("empty_turn_model_response", "state_mismatch"),
+                      labels=("missing_tool_call", "state_mismatch"))]
+    profile = report.failure_profile(records)
+    assert profile["tags"]["base"] == {"empty_turn_model_response": 0.25, "pass": 0.25, "state_mismatch": 0.5}
+    assert profile["labels"]["all"]["missing_tool_call"] == 0.25
+
+
+def test_write_report_files(tmp_path):
+    path = str(tmp_path / "results.jsonl")
+    for i in range(3):
+        append_record(path, record(f"multi_turn_miss_param_{i}", i == 0))
+    summary = report.write_report(path, str(tmp_path), "m")
+    assert summary["table"]["miss_param"]["passed"] == 1
+    assert "| m | 33.33 ± 27.22 |" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "table.csv").read_text().splitlines()[1].startswith("m,33.3333,27.2166,3")
+
+
+def test_task_selection():
+    assert select_tasks() == task_ids("heldout") and len(select_tasks()) == 400
+    assert len(select_tasks("train", category="miss_func")) == 100
+    limited = select_tasks("heldout", limit=2)
+    assert len(limited) == 8 and limited[:2] == [t for t in task_ids("heldout") if "_base_" in t][:2]
+    assert select_tasks(ids=["multi_turn_base_3", "multi_turn_base_3"]) == ["multi_turn_base_3"]
+    with pytest.raises(ValueError, match="unknown task ids"):
+        select_tasks(ids=["multi_turn_base_999"])
+
+
+def test_eval_dataset_runs_train_tasks_in_validate_mode(tmp_path):
+    train, heldout = task_ids("train")[0], task_ids("heldout")[5]
+    path = write_eval_dataset([heldout, train], str(tmp_path / "tasks.parquet"))
+    rows = pq.read_table(path).to_pylist()
+    assert [r["extra_info"]["task_id"] for r in rows] == [heldout, train]
+    assert {r["extra_info"]["split"] for r in rows} == {EVAL_SPLIT}
+    assert pq.read_table(path).schema == pq.read_table("data/bfcl_heldout.parquet").schema
+
+
+def test_turn_log_follows_the_environment_turns():
+    log = TurnLog()
+    log.add('<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>', {"content": "r"},
+            {"num_calls": 1, "advanced": False})
+    log.add("<tool_call>{bad</tool_call>", {"content": "[ERROR]"}, {"num_calls": 0, "error_type": "parse_error"})
+    log.add("done", {"content": "next question"}, {"num_calls": 0, "advanced": True})
+    log.add("done", {"content": "[CONVERSATION_COMPLETED]"}, {"num_calls": 0, "advanced": True}, terminated=True)
+    turns = log.as_list()
+    assert len(turns) == 2 and len(turns[0]) == 3
+    assert turns[0][0]["calls"] == [{"name": "ls", "arguments": {}}] and turns[0][1]["calls"] == []
