@@ -18,8 +18,9 @@ Limits (:class:`~env_service.config.ServiceLimits`; every refusal is a text the 
 * a message with more than ``max_calls_per_message`` calls is refused like a parse error (nothing runs);
 * the step after ``max_steps`` is answered with a limit text and ends the episode;
 * each call runs under ``call_budget_s`` and ``call_memory_mib``, the message's calls together under
-  ``message_budget_s``: a call over its budget is stopped (its partial effects stay), later calls of the message are skipped, and each
-  gets an ``Error during execution: ...`` result; the verifier tags the turn ``budget_exceeded``;
+  ``message_budget_s``: a call over its budget is stopped (its partial effects stay), later calls of the
+  message are skipped, and each gets an ``Error during execution: ...`` result; the verifier tags the turn
+  ``budget_exceeded``;
 * the reply is cut to ``max_reply_bytes`` with a marker;
 * after each message the backend state is measured (:func:`~env_service.executor.state_size`); above
   ``max_state_bytes`` the reply says so and tool calls are refused for the rest of the episode.
@@ -40,7 +41,14 @@ from typing import Any, Mapping
 
 from env_service import interface, prompts
 from env_service.config import EnvConfig, ServiceLimits
-from env_service.executor import BackendSession, CallOverBudget, ToolCall, ToolNotAvailable, clip_text, state_size
+from env_service.executor import (
+    BackendSession,
+    CallOverBudget,
+    ToolCall,
+    ToolNotAvailable,
+    clip_text,
+    state_size,
+)
 from env_service.parser import ParsedMessage, parse_assistant, shown_name
 from env_service.tasks import Task
 from env_service.verifier import RewardConfig, TurnRecord, evaluate_episode, over_budget_text

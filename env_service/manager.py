@@ -9,7 +9,10 @@ Concurrency model (SPEC B §2.3 keeps one Ray actor per episode; we keep one loc
 * ``_lock`` guards the instance dict and the counters only; it is never held while an episode works,
   so one slow step never blocks the creation or stepping of other episodes.
 * each live episode has its own lock, so concurrent requests for the *same* episode are serialised
-  (a client retry racing its original request must not interleave two steps).
+  (a client retry racing its original request must not interleave two steps);
+* with ``workers > 0`` the episodes themselves live in worker processes (``workers.py``): the slot holds
+  a handle, time budgets can interrupt backend calls there, and an episode whose worker had to be
+  replaced fails with :class:`EpisodeLost` while every other episode goes on.
 
 Errors are typed (:class:`ManagerError` subclasses carrying an HTTP status and a short code); the
 service maps them to 4xx bodies ``{"error": code, "detail": message}``. Anything else that escapes an
@@ -785,10 +788,13 @@ class EpisodeManager:
             slots = list(self._slots.values())
             self._slots.clear()
             self._counts["released"] += len(slots)
+        if self._pool is not None:  # stopping the workers frees everything; a hung one must not delay it
+            for slot in slots:
+                slot.closed = True
+            self._pool.close()
+            return len(slots)
         for slot in slots:
             self._close(slot, wait_s=0.0)  # shutdown must not wait for a hung request
-        if self._pool is not None:
-            self._pool.close()
         return len(slots)
 
 

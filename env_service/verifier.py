@@ -65,11 +65,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
-
-import time
 
 from env_service import _bfcl
 from env_service.config import ServiceLimits
@@ -306,7 +305,8 @@ class _ReplayBudget:
             return (recorded[index] if index < len(recorded) else over_budget_text("stopped by a budget")), True
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            return over_budget_text(f"not replayed: the evaluation used up its {self.limits.evaluate_budget_s:g} s"), True
+            why = f"not replayed: the evaluation used up its {self.limits.evaluate_budget_s:g} s"
+            return over_budget_text(why), True
         try:
             result = session.execute(record.calls[index], min(self.limits.call_budget_s, remaining),
                                      self.limits.call_memory_mib * 2**20)

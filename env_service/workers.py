@@ -27,10 +27,10 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
-from pathlib import Path
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from env_service.config import ServiceLimits
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 #: How long a request waits for its worker while the worker serves other episodes.
 QUEUE_TIMEOUT_S = 300.0
-#: Budget of requests that do no backend work (create, close, ping), on top of ``worker_grace_s``.
+#: Budget of requests that do no backend work (create, close), on top of ``worker_grace_s``.
 SHORT_REQUEST_S = 10.0
 #: The window over which a worker's busy share is measured when placing new episodes.
 BUSY_WINDOW_S = 10.0
@@ -119,8 +119,6 @@ def _handle(episode_mod, tasks, episodes: dict, limits: ServiceLimits, op: str, 
         if episode is not None:
             episode.close()
         return None
-    if op == "ping":
-        return len(episodes)
     raise ValueError(f"unknown worker request {op!r}")
 
 
@@ -242,7 +240,7 @@ class WorkerPool:
             raise ValueError(message)
         raise RemoteError(kind, message)
 
-    def create(self, key: str, task_id: str, mode: str, config, profile) -> "RemoteEpisode":
+    def create(self, key: str, task_id: str, mode: str, config, profile) -> RemoteEpisode:
         self.start()
         with self._state:
             worker = self._placement()

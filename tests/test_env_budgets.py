@@ -13,11 +13,12 @@ One service (loopback, ephemeral port, small budgets so the tests stay short) is
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -34,20 +35,17 @@ SLACK_S = 4.0  # scheduling noise on a shared 2-core machine
 FS_TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI
 
 
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+def _benchmark_module():
+    """``benchmarks/env_service.py``, home of the exploit's message builder (the benchmark replays it too)."""
+    spec = importlib.util.spec_from_file_location("benchmark_env_service",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "env_service.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def aliasing_messages(doublings: int = 40, per_message: int = 8) -> list[str]:
-    """Messages after which the tree under ``a`` has about 2**doublings entries (each step doubles it)."""
-    one = [call("cp", source="a", destination="b"), call("mkdir", dir_name="c"),
-           call("mv", source="a", destination="c"), call("mv", source="b", destination="c"),
-           call("mv", source="c", destination="a")]
-    rounds = [one] * doublings
-    messages = [call("mkdir", dir_name="a")]
-    for i in range(0, doublings, per_message):
-        messages.append("".join(c for r in rounds[i:i + per_message] for c in r))
-    return messages
+BENCHMARK = _benchmark_module()
+call, aliasing_messages = BENCHMARK._call, BENCHMARK.aliasing_messages
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +197,33 @@ def test_hung_worker_is_killed_after_its_deadline(service, client):
     _survivor_passes(client, survivor)
     health = requests.get(service.url + "/health", timeout=10)
     assert health.status_code == 200 and health.json()["workers"]["workers_answering"] == 2
+
+
+def test_message_budget_skips_the_rest_and_the_replay_never_reruns_stopped_calls(monkeypatch):
+    """In process (the test's main thread, where the timer works): a stopped call's recorded text stands in
+    at evaluate, so evaluating costs nothing like the message did."""
+    from env_service.episode import Episode
+    from env_service.executor import BackendSession
+
+    limits = ServiceLimits(call_budget_s=0.3, message_budget_s=0.5, evaluate_budget_s=5.0)
+    episode = Episode(tasks.load_task(FS_TASK), "validate", limits=limits)
+    for message in aliasing_messages():
+        episode.step(message)
+    started = time.monotonic()
+    result = episode.step(call("find", path=".") + call("du") + call("pwd"))
+    assert time.monotonic() - started < limits.message_budget_s + SLACK_S
+    blocks = result.message["content"].split("</tool_response>")
+    assert "the call was stopped after 0.3 s, its time budget" in blocks[0]  # find: stopped
+    assert "this message used up its time budget of 0.5 s" in blocks[2]  # pwd: the message's time was gone
+    assert result.info["num_over_budget"] == 3
+    executed = []
+    original = BackendSession.execute
+
+    def recording(session, tool_call, *limits_args):
+        executed.append(tool_call.name)
+        return original(session, tool_call, *limits_args)
+
+    monkeypatch.setattr(BackendSession, "execute", recording)
+    evaluation = episode.evaluate()
+    assert "mv" in executed and not {"find", "du", "pwd"} & set(executed)  # stopped calls are not run again
+    assert evaluation["tags"][0] == "budget_exceeded" and evaluation["valid"] is False
