@@ -349,13 +349,26 @@ CPU_ENV = {
 def cpu_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """Env vars every Ray worker of a CPU run needs (also to export in the driver before `import verl`)."""
     env = dict(CPU_ENV)
-    # Ray pins OMP_NUM_THREADS=1 in every worker; the trainer worker's log-prob and update passes (152k-vocab
-    # logits) are the CPU path's bottleneck and deserve every core.
-    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    env["OMP_NUM_THREADS"] = worker_threads()
     user_modules = os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
     env["VERL_USE_EXTERNAL_MODULES"] = _merge_module_list(user_modules, env["VERL_USE_EXTERNAL_MODULES"])
     env.update(extra_env or {})
     return env
+
+
+def worker_threads() -> str:
+    """Torch threads for every Ray worker of a CPU run: ``OMP_NUM_THREADS`` if the user set it, else every core
+    this process may use.
+
+    Ray pins OMP_NUM_THREADS=1 in every worker unless the runtime env sets it; one thread makes the trainer worker's
+    log-prob and update passes (152k-vocab logits), the CPU path's bottleneck, many times slower. All cores is
+    right for a machine of one's own; on a shared or busy one it oversubscribes (10-40x slower when other jobs
+    hold the cores), so a user-set value wins."""
+    user = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if user.isdigit() and int(user) > 0:
+        return user
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return str(max(len(cores), 1))
 
 
 def _merge_module_list(existing: str, ours: str) -> str:

@@ -223,10 +223,17 @@ def _busiest_phase(config, replicas: int) -> tuple[str, int]:
     """(phase, sequences per rollout replica) of the train step or validation, whichever runs more at once."""
     rollout = config.actor_rollout_ref.rollout
     train = int(config.data.train_batch_size) * int(rollout.n)
-    val_batch = config.data.get("val_batch_size")
-    val = int(val_batch) * int(rollout.val_kwargs.n) if val_batch else 0
+    val_batch = config.data.get("val_batch_size") or _rows(config.data.val_files)  # null: the whole set at once
+    val = int(val_batch) * int(rollout.val_kwargs.n)
     phase, sequences = ("validation", val) if val > train else ("train step", train)
     return phase, math.ceil(sequences / replicas)
+
+
+def _rows(files) -> int:
+    import pyarrow.parquet as pq
+
+    paths = [files] if isinstance(files, str) else list(files)
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in paths if Path(path).is_file())
 
 
 def _visible_gpu_bytes() -> float | None:

@@ -70,12 +70,23 @@ def test_fewer_sequences_fit_quietly():
     assert small.warnings() == []
 
 
+def test_a_null_validation_batch_sends_the_whole_validation_set_at_once(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    found = estimate(compose_recipe(str(ROOT / "exp" / "gpu_smoke.yaml")), gpu_bytes=80 * GIB)
+    assert found.busiest_phase == "train step" and found.running_sequences == 4 * 4  # 8 validation tasks x 1
+    everything = estimate(compose_recipe(SEAL, ["data.val_batch_size=null"]), gpu_bytes=80 * GIB)
+    assert (everything.busiest_phase, everything.running_sequences) == ("validation", 100)  # 400 tasks / 4 replicas
+
+
 def test_unknown_hub_model_is_not_estimated():
     assert estimate(compose_recipe(SEAL, ["actor_rollout_ref.model.path=some-org/some-model"])) is None
 
 
 def test_dry_run_prints_the_estimate(monkeypatch, capsys):
+    from seal import memory_estimate
+
     monkeypatch.setattr(launch, "preflight", lambda config: [])  # no GPUs here: the node checks would refuse
+    monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
     assert launch.main(["--conf", SEAL, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "[seal] memory per GPU (estimate): Qwen/Qwen2.5-7B-Instruct, 7.62B parameters" in out

@@ -1,8 +1,8 @@
 """Preflight's GPU-node checks: the attention backend, the CUDA runtime vs the driver, padding removal.
 
-This machine has no GPU, no CUDA torch and no flash-attn: the GPU recipes' own checks run for real where that is
-what they test (flash-attn missing), and the CUDA probe (torch's build, nvidia-smi, CUDA init) is replaced at its
-boundary, ``seal.node_checks.probe_cuda``, to test the mismatch logic.
+Tests run without a GPU: whether flash-attn imports is set through ``sys.modules`` (the import is the boundary),
+and the CUDA probe (torch's build, nvidia-smi, CUDA init) is replaced at its boundary,
+``seal.node_checks.probe_cuda``, to test the mismatch logic.
 """
 
 from __future__ import annotations
@@ -35,14 +35,19 @@ def _matching(problems: list[str], text: str) -> list[str]:
 # ---- attention backend ----------------------------------------------------------------------------
 
 
-def test_gpu_recipe_names_flash_attention_and_preflight_says_how_to_get_it():
-    # flash-attn is not installed here (a CUDA extension), exactly the state of a `verl[vllm]`-only GPU install
+@pytest.fixture
+def no_flash_attn(monkeypatch):
+    """The state of a `verl[vllm]`-only GPU install (and of this CPU machine): `import flash_attn` fails."""
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+
+
+def test_gpu_recipe_names_flash_attention_and_preflight_says_how_to_get_it(no_flash_attn):
     assert node_checks.attention_problem("flash_attention_2") is not None
     [line] = _matching(_problems(SEAL), "attn_implementation 'flash_attention_2'")
     assert "`flash_attn`" in line and "bash scripts/install.sh gpu" in line
 
 
-def test_verl_default_attention_is_checked_when_the_recipe_names_none():
+def test_verl_default_attention_is_checked_when_the_recipe_names_none(no_flash_attn):
     cfg = compose_recipe(SEAL, ["~actor_rollout_ref.model.override_config.attn_implementation"])
     assert node_checks.attention_implementation(cfg.actor_rollout_ref.model) == "flash_attention_2"  # verl's default
     with pytest.raises(PreflightError, match="attn_implementation 'flash_attention_2'"):
