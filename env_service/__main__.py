@@ -1,12 +1,15 @@
 """Command line for the environment service.
 
-``python -m env_service serve [--host 127.0.0.1] [--port 8082]``
-    Run the HTTP service (foreground).
+``python -m env_service serve [--host 127.0.0.1] [--port 8082] [--secret-file FILE]``
+    Run the HTTP service (foreground). Any address but loopback needs a shared secret: ``--secret-file``
+    (readable by its owner only) or ``$SEAL_ENV_SECRET``.
 ``python -m env_service prompt TASK_ID --mode train|validate [--config JSON|FILE] [--profile FILE]``
     Print the episode's initial messages as JSON ``{"messages": [...]}`` (what the model sees first).
 ``python -m env_service score --input FILE.jsonl [--output OUT.jsonl]``
     Score ``{"id", "turns": [[{"name", "arguments"}, ...], ...]}`` records with the verifier; one
-    JSON verdict per line. A malformed line is reported with its number and exits 2 (nothing written).
+    JSON verdict per line. Every malformed line (bad JSON, nested too deeply, a bad record) is reported
+    with its number and exits 2, with nothing written; ``--output`` must not be the input, and is
+    replaced atomically (a temporary file beside it, then a rename).
 ``python -m env_service replay [--split heldout] [--concurrency N] [--url URL] [--mode validate]``
     Replay the ground truth through the full episode mechanics (in-process, or against a running
     service with ``--url``) and print a per-category pass table. Exit 0 when every task passes or
@@ -18,7 +21,9 @@ Exit codes: 0 ok, 1 failure (replay), 2 bad input or usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from dataclasses import fields
 import logging
 import os
 import sys
@@ -78,13 +83,29 @@ def _load_file(path: str) -> Any:
 
 
 def cmd_serve(args) -> int:
+    from env_service.auth import check_bind, resolve_secret
     from env_service.manager import EpisodeManager
-    from env_service.service import serve
+    from env_service.service import HttpLimits, serve
 
-    manager = EpisodeManager(max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout_s,
-                             reclaim_interval_s=args.reclaim_interval_s)
+    try:
+        secret = resolve_secret(secret_file=args.secret_file)
+        check_bind(args.host, secret)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    given = {name: getattr(args, name) for name in ("max_header_bytes", "max_headers", "read_timeout_s",
+                                                     "max_connections") if getattr(args, name) is not None}
+    limits = HttpLimits(**given)
+    from env_service.config import ServiceLimits
+
+    try:
+        service_limits = ServiceLimits.from_dict(
+            {f.name: getattr(args, f.name) for f in fields(ServiceLimits) if getattr(args, f.name) is not None})
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    workers = (os.cpu_count() or 1) if args.workers is None else args.workers
+    manager = EpisodeManager(limits=service_limits, workers=workers)
     serve(host=args.host, port=args.port, log_level=args.log_level, manager=manager,
-          access_log=args.access_log)
+          access_log=args.access_log, secret=secret, service_id=args.service_id, limits=limits)
     return EXIT_OK
 
 
@@ -108,8 +129,8 @@ def cmd_prompt(args) -> int:
     return EXIT_OK
 
 
-def _read_records(path: str) -> list[tuple[int, dict]]:
-    """All non-blank lines as (line number, object); every malformed line is reported at once."""
+def _read_records(path: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+    """All non-blank lines as (line number, object), and (line number, problem) per malformed line."""
     records, problems = [], []
     try:
         handle = open(path, encoding="utf-8")
@@ -123,43 +144,98 @@ def _read_records(path: str) -> list[tuple[int, dict]]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
-                    problems.append(f"{path}:{number}: invalid JSON ({error.msg}, column {error.colno})")
+                    problems.append((number, f"{path}:{number}: invalid JSON ({error.msg}, column {error.colno})"))
+                    continue
+                except RecursionError:
+                    problems.append((number, f"{path}:{number}: JSON nested too deeply"))
                     continue
                 if not isinstance(record, dict):
-                    problems.append(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+                    problems.append((number, f"{path}:{number}: expected a JSON object, got {type(record).__name__}"))
                     continue
                 records.append((number, record))
         except UnicodeDecodeError as error:
-            problems.append(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})")
-    if problems:
-        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise CliError("\n".join(problems[:20]) + more)
-    return records
+            problems.append((0, f"{path}: not UTF-8 text ({error.reason} at byte {error.start})"))
+    return records, problems
 
 
 def cmd_score(args) -> int:
     from env_service.verifier import score_record
 
+    to_file = bool(args.output) and args.output != "-"
+    if to_file and _same_file(args.input, args.output):
+        raise CliError(f"--output {args.output!r} is the input file; write the verdicts elsewhere")
     outputs = []
-    for number, record in _read_records(args.input):
+    records, problems = _read_records(args.input)
+    for number, record in records:
         try:
-            outputs.append(score_record(record))
-        except (ValueError, KeyError, TypeError) as error:
+            outputs.append(json.dumps(score_record(record), ensure_ascii=False) + "\n")
+        except RecursionError:
+            problems.append((number, f"{args.input}:{number}: record nested too deeply"))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             message = error.args[0] if error.args else type(error).__name__
-            raise CliError(f"{args.input}:{number}: {message}") from None
-    text = "".join(json.dumps(out, ensure_ascii=False) + "\n" for out in outputs)
-    if args.output and args.output != "-":
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            problems.append((number, f"{args.input}:{number}: {message}"))
+    _raise_problems([text for _, text in sorted(problems)])
+    if to_file:
+        _write_atomically(args.output, "".join(outputs))
     else:
-        sys.stdout.write(text)
+        sys.stdout.write("".join(outputs))
     return EXIT_OK
+
+
+def _raise_problems(problems: list[str]) -> None:
+    if problems:
+        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise CliError("\n".join(problems[:20]) + more)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` name one file (same path, a symlink or a hard link to it)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # ``b`` does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _new_file_mode(path: str) -> int:
+    """The mode ``path`` has, or would get from ``open()`` under the current umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write to a temporary file beside ``path``, then rename it over ``path``: readers (and a crash)
+    see the old file or the whole new one, never a half-written one."""
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, delete=False,
+                                             prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as error:
+        raise CliError(f"--output: cannot write in {directory}: {error.strerror}") from None
+    try:
+        with handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(handle.name, _new_file_mode(path))  # temporary files are 0600; keep the usual mode
+        os.replace(handle.name, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(handle.name)
+        if isinstance(error, OSError):
+            raise CliError(f"--output: cannot write {path}: {error.strerror}") from None
+        raise
 
 
 def cmd_replay(args) -> int:
     from env_service import replay
+    from env_service.auth import resolve_secret
     from env_service.client import EnvClient, EnvServiceError, make_client
-
     from env_service.config import EnvConfig
 
     task_ids = _replay_task_ids(args)
@@ -169,7 +245,9 @@ def cmd_replay(args) -> int:
     except ValueError as error:
         raise CliError(f"--config: {error}") from None
     try:
-        client = make_client(args.url)
+        secret = resolve_secret(secret_file=args.secret_file)
+        # one pooled connection per replay thread: fewer would serialise them, more would sit idle
+        client = make_client(args.url, secret=secret, pool_size=args.concurrency)
         if args.url:  # fail fast, with one clear line, when the service is not there
             with EnvClient(args.url, timeout_s=10, retries=1, backoff_s=0.2) as probe:
                 probe.health()
@@ -180,6 +258,10 @@ def cmd_replay(args) -> int:
                                       params=params, progress=not args.no_progress)
     report = replay.summarize(results)
     print(replay.format_report(report))
+    skipped = sum(r.error == replay.SKIPPED_UNREACHABLE for r in results)
+    if skipped:
+        print(f"error: the service at {args.url} stopped answering; {skipped} of {len(results)} tasks "
+              f"were not replayed", file=sys.stderr)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"summary": report, "results": [r.to_dict() for r in results]}, handle, indent=1)
@@ -231,9 +313,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
-    serve.add_argument("--max-episodes", type=int, default=4096)
-    serve.add_argument("--idle-timeout-s", type=float, default=3600.0)
-    serve.add_argument("--reclaim-interval-s", type=float, default=300.0)
+    serve.add_argument("--workers", type=int, help="episode processes (default: one per core; 0: in the "
+                                                   "service process, without time budgets)")
+    from env_service.config import ServiceLimits  # budgets and limits: one flag per field, README "Limits"
+
+    for f in fields(ServiceLimits):
+        serve.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
+                           help=f"default {f.default}")
+    serve.add_argument("--secret-file", help="file holding the shared secret required on every endpoint "
+                                             "but /health (default: $SEAL_ENV_SECRET; none on loopback)")
+    serve.add_argument("--service-id", help="an identity /health echoes, so whoever started the service "
+                                            "can tell it from another one on the same port")
+    # HTTP limits: unset flags keep env_service.service.HttpLimits' defaults
+    serve.add_argument("--max-header-bytes", type=int, help="request line + headers, bytes (431 beyond; 64 KiB)")
+    serve.add_argument("--max-headers", type=int, help="headers per request (431 beyond; 100)")
+    serve.add_argument("--read-timeout-s", type=float,
+                       help="a request must arrive complete within this long (408 beyond; 30 s)")
+    serve.add_argument("--max-connections", type=int,
+                       help="open connections + requests in flight (503 beyond; 2048)")
     serve.set_defaults(func=cmd_serve)
 
     prompt = sub.add_parser("prompt", help="print an episode's initial messages")
@@ -258,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--limit", type=int, help="at most N tasks, spread over the categories")
     rep.add_argument("--concurrency", type=int, default=1)
     rep.add_argument("--url", help="env service URL (default: in-process)")
+    rep.add_argument("--secret-file", help="the service's shared secret (default: $SEAL_ENV_SECRET)")
     rep.add_argument("--mode", default="validate", choices=["validate", "train"])
     rep.add_argument("--config", help="env config: inline JSON or a JSON/YAML file")
     rep.add_argument("--json", help="write per-task results to this JSON file")

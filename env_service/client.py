@@ -8,7 +8,11 @@ Retries (HTTP only) are bounded and limited to failures where the request may no
 connection errors, read timeouts and 502/503/504. A 4xx is never retried (the same request would fail
 the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
 answers an already-applied step from cache instead of applying it twice; retrying ``create`` is safe
-because the client chooses the ``instance_id`` up front.
+because the client chooses the ``instance_id`` up front; retrying ``evaluate`` is safe because the
+manager keeps a released episode's evaluation a while and answers the retry with it.
+
+``run_id`` names the caller's run on every request (failure profiles are per run) and ``secret`` is the
+service's shared secret (see ``env_service.auth``); both are optional.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+
+from env_service.auth import AUTH_HEADER, RUN_ID_HEADER, resolve_secret
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +137,22 @@ class EnvClient(_ClientAPI):
     """HTTP client. ``pool_size``: keep-alive connections (at least the caller's concurrency).
 
     ``trust_env``: honour HTTP(S)_PROXY / NO_PROXY / netrc from the environment (off by default).
+    ``run_id`` / ``secret``: sent on every request (see the module docstring); ``secret`` defaults to
+    ``$SEAL_ENV_SECRET``, as the service's does.
     """
 
     def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 0.5,
-                 pool_size: int = 64, trust_env: bool = False):
+                 pool_size: int = 64, trust_env: bool = False, run_id: str | None = None,
+                 secret: str | None = None):
         super().__init__()
         self.url = url.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if run_id:
+            self._headers[RUN_ID_HEADER] = run_id
+        secret = resolve_secret(secret)
+        if secret:
+            self._headers[AUTH_HEADER] = f"Bearer {secret}"
+        self._json_headers = {**self._headers, "Content-Type": "application/json"}
         self.timeout_s = timeout_s
         self.retries = max(0, int(retries))
         self.backoff_s = backoff_s
@@ -168,11 +184,9 @@ class EnvClient(_ClientAPI):
         request = requests.PreparedRequest()
         request.prepare_method(method)
         request.prepare_url(url, None)
-        request.prepare_headers(self._JSON_HEADERS if data is not None else None)
+        request.prepare_headers(self._json_headers if data is not None else self._headers)
         request.prepare_body(data, None)
         return request
-
-    _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 
     def _request(self, method: str, endpoint: str, data: bytes | None) -> Any:
         url = f"{self.url}/{endpoint}"
@@ -184,7 +198,7 @@ class EnvClient(_ClientAPI):
             last = attempt == self.retries
             try:
                 response = adapter.send(self._prepare(method, url, data), timeout=self.timeout_s)
-                response.content  # read the body here: a connection dropped mid-body is retryable
+                _ = response.content  # read the body here: a connection dropped mid-body is retryable
             except _RETRYABLE as error:
                 if last:
                     raise EnvServiceError(None, f"{method} {url} failed after {attempt + 1} "
@@ -218,31 +232,36 @@ class EnvClient(_ClientAPI):
 
 
 class InProcessEnvClient(_ClientAPI):
-    """The same interface calling an :class:`EpisodeManager` directly (tests, single machine)."""
+    """The same interface calling an :class:`EpisodeManager` directly (tests, single machine).
 
-    def __init__(self, manager=None):
+    ``run_id``: as over HTTP, the run whose failure profile this client pushes and its episodes get.
+    """
+
+    def __init__(self, manager=None, run_id: str | None = None):
         super().__init__()
         if manager is None:
             from env_service.manager import EpisodeManager
 
             manager = EpisodeManager()
         self.manager = manager
+        self.run_id = run_id or None
 
     def _call(self, endpoint: str, payload: dict) -> Any:
-        m = self.manager
+        m, run_id = self.manager, self.run_id
         handlers = {
-            "create": lambda p: m.create(p["task_id"], p["mode"], p["params"], p["instance_id"]),
+            "create": lambda p: m.create(p["task_id"], p["mode"], p["params"], p["instance_id"],
+                                         owner=run_id or "in-process", run_id=run_id),
             "step": lambda p: m.step(p["instance_id"], p["content"], p["seq"]),
             "evaluate": lambda p: m.evaluate(p["instance_id"], p["reward"], p["release"]),
             "release": lambda p: {"released": m.release(p["instance_id"])},
-            "profile": lambda p: m.set_profile(p["profile"]),
+            "profile": lambda p: m.set_profile(p["profile"], run_id),
         }
         return self._guarded(handlers[endpoint], payload)
 
     def _get(self, endpoint: str) -> Any:
         if endpoint == "health":
             return {"status": "ok", **self.manager.stats()}
-        return self._guarded(lambda _: self.manager.get_profile(), None)
+        return self._guarded(lambda _: self.manager.get_profile(self.run_id), None)
 
     @staticmethod
     def _guarded(fn, payload):
@@ -254,17 +273,45 @@ class InProcessEnvClient(_ClientAPI):
             raise EnvServiceError(error.status, error.message, error.code) from None
 
 
-def make_client(url_or_none: str | None = None, manager=None, **http_options) -> _ClientAPI:
+def make_client(url_or_none: str | None = None, manager=None, run_id: str | None = None,
+                secret: str | None = None, **http_options) -> _ClientAPI:
     """``None`` / ``""`` / ``"inprocess"`` -> :class:`InProcessEnvClient`, else :class:`EnvClient`.
 
-    ``manager`` is for the in-process client; ``http_options`` (``timeout_s=``, ``retries=``, ...) configure
-    the HTTP transport and mean nothing in-process, so callers can pass them whatever the URL.
+    ``manager`` is for the in-process client; ``run_id`` names the caller's run on both transports;
+    ``secret`` and ``http_options`` (``timeout_s=``, ``retries=``, ...) configure the HTTP transport and
+    mean nothing in-process, so callers can pass them whatever the URL.
     """
     if url_or_none in (None, "", "inprocess", "in-process", "local"):
-        return InProcessEnvClient(manager)
+        return InProcessEnvClient(manager, run_id=run_id)
     if not str(url_or_none).startswith(("http://", "https://")):
         raise ValueError(f"env service url must start with http:// or https://, got {url_or_none!r}")
-    return EnvClient(str(url_or_none), **http_options)
+    return EnvClient(str(url_or_none), run_id=run_id, secret=secret, **http_options)
 
 
-__all__ = ["EnvClient", "EnvServiceError", "InProcessEnvClient", "make_client"]
+class ProfileFanOut:
+    """``set_profile`` on every client (one service per node: each must give the run's episodes the
+    same profile); the other calls are not fanned out."""
+
+    def __init__(self, clients: list[_ClientAPI]):
+        if not clients:
+            raise ValueError("ProfileFanOut needs at least one client")
+        self.clients = list(clients)
+
+    def set_profile(self, profile: dict) -> list[dict]:
+        """Push to all, then raise the first failure (a service that missed it would serve stale cues)."""
+        results, errors = [], []
+        for client in self.clients:
+            try:
+                results.append(client.set_profile(profile))
+            except EnvServiceError as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+        return results
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+__all__ = ["EnvClient", "EnvServiceError", "InProcessEnvClient", "ProfileFanOut", "make_client"]

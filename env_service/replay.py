@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -159,16 +160,26 @@ def _category_of(task_id: str) -> str:
         return "unknown"
 
 
-def replay_task(client, task_id: str, mode: str = "validate", params: dict | None = None) -> ReplayResult:
+#: ``ReplayResult.error`` of the tasks not attempted because the service had stopped answering.
+SKIPPED_UNREACHABLE = "skipped: the service stopped answering"
+
+
+def replay_task(client, task_id: str, mode: str = "validate", params: dict | None = None,
+                service_gone: threading.Event | None = None) -> ReplayResult:
     """Create, replay every GT message, evaluate and release one episode (release also on errors).
 
     ``client``: anything with the ``env_service.client`` interface (in-process or HTTP).
+    ``service_gone``: set here when the service is unreachable (the client's retries are spent);
+    once set, tasks are skipped instead of each spending the retries again.
     """
     from env_service.client import EnvServiceError
 
     started = time.perf_counter()
     params = params or {}
     result = ReplayResult(task_id, _category_of(task_id))
+    if service_gone is not None and service_gone.is_set():
+        result.error = SKIPPED_UNREACHABLE
+        return result
     instance_id = None
     try:
         result.expected_failure = task_id in expected_failures(params)
@@ -187,6 +198,9 @@ def replay_task(client, task_id: str, mode: str = "validate", params: dict | Non
         result.error_type = evaluation.get("error_type") or (None if result.terminated else "replay:not_terminated")
     except (EnvServiceError, ValueError, KeyError) as error:
         result.error = f"{type(error).__name__}: {error}"
+        if isinstance(error, EnvServiceError) and error.status is None and service_gone is not None:
+            service_gone.set()
+            instance_id = None  # no one to release it with
     finally:
         if instance_id is not None:
             try:
@@ -199,12 +213,16 @@ def replay_task(client, task_id: str, mode: str = "validate", params: dict | Non
 
 def replay_split(client, task_ids: list[str], concurrency: int = 1, mode: str = "validate",
                  params: dict | None = None, progress: bool = False) -> list[ReplayResult]:
-    """Replay many tasks with ``concurrency`` threads; results in the order of ``task_ids``."""
+    """Replay many tasks with ``concurrency`` threads; results in the order of ``task_ids``.
+
+    Once the service is unreachable, the remaining tasks are skipped (error ``SKIPPED_UNREACHABLE``).
+    """
     bar = _progress_bar(len(task_ids), progress)
     results: list[ReplayResult | None] = [None] * len(task_ids)
+    gone = threading.Event()
     try:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            futures = {pool.submit(replay_task, client, t, mode, params): i for i, t in enumerate(task_ids)}
+            futures = {pool.submit(replay_task, client, t, mode, params, gone): i for i, t in enumerate(task_ids)}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 bar.update(1)
@@ -289,6 +307,7 @@ def format_report(report: dict) -> str:
 __all__ = [
     "ADVANCE_TEXT",
     "EXPECTED_FAILURES",
+    "SKIPPED_UNREACHABLE",
     "ReplayResult",
     "expected_failures",
     "format_report",

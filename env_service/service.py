@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hmac
 import json
 import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -40,6 +43,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from env_service.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
 from env_service.manager import EpisodeManager, ManagerError, _sanitise
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,27 @@ WORKER_THREADS = 64
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8082
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one connection may cost the server before it is refused or dropped.
+
+    ``max_header_bytes``: request line plus headers (431 beyond; httptools itself has no limit, and a
+    64 MB header took seconds of event-loop time). ``max_headers``: header count (431 beyond).
+    ``max_body_bytes``: request body (413). ``read_timeout_s``: a request must arrive complete within
+    this long of its first byte, and a new connection must start one within it (408, then closed: a
+    slow client must not hold a connection forever). ``keep_alive_s``: idle time between requests on
+    a kept-alive connection, well above the client's think time so pooled connections are rarely
+    closed under a request. ``max_connections``: open connections and requests in flight (503 beyond).
+    """
+
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout_s: float = 30.0
+    keep_alive_s: float = 75.0
+    max_connections: int = 2048
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,6 +181,110 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Connection limits (uvicorn's httptools protocol bounds neither header size nor read time)
+# ---------------------------------------------------------------------------------------------
+
+
+def _raw_error(status: int, code: str, detail: str) -> bytes:
+    """A complete ``Connection: close`` HTTP response, for refusals made before the app sees a request."""
+    body = json.dumps({"error": code, "detail": detail}).encode()
+    from http import HTTPStatus
+
+    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+def guarded_protocol(limits: HttpLimits):
+    """uvicorn's httptools protocol class with ``limits`` on header bytes, header count and read time.
+
+    Header bytes are bounded by feeding the parser at most the remaining allowance while a request's
+    headers are incomplete, so an oversized header is refused after ``max_header_bytes`` of parsing,
+    not after the whole of it has been buffered.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._in_headers, self._header_bytes, self._header_count = True, 0, 0
+            self._refusal: tuple[int, str, str] | None = None
+            self._read_timer = None
+            self._arm_read_timer()  # a connection that never sends a request is dropped too
+
+        def connection_lost(self, exc) -> None:
+            self._disarm_read_timer()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            while data and not self.transport.is_closing():
+                if not self._in_headers:
+                    super().data_received(data)
+                    return
+                room = max(limits.max_header_bytes - self._header_bytes, 1)
+                piece, data = data[:room], data[room:]
+                self._header_bytes += len(piece)
+                super().data_received(piece)
+                if self._refusal is None and self._in_headers and self._header_bytes >= limits.max_header_bytes:
+                    self._refusal = (431, "headers_too_large",
+                                     f"request line and headers exceed {limits.max_header_bytes} bytes")
+                if self._refusal is not None:
+                    return self._refuse(*self._refusal)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_read_timer()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_count += 1
+            if self._header_count > limits.max_headers:
+                self._refusal = self._refusal or (431, "headers_too_many",
+                                                  f"more than {limits.max_headers} request headers")
+            elif self._refusal is None:
+                super().on_header(name, value)
+
+        # A refused request never reaches the app: its remaining parser events are dropped.
+        def on_headers_complete(self) -> None:
+            if self._refusal is None:
+                self._in_headers, self._header_bytes = False, 0
+                super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self._refusal is None:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if self._refusal is None:
+                self._disarm_read_timer()
+                self._in_headers, self._header_count = True, 0
+                super().on_message_complete()
+
+        def _arm_read_timer(self) -> None:
+            if self._read_timer is None:
+                self._read_timer = self.loop.call_later(limits.read_timeout_s, self._read_timed_out)
+
+        def _disarm_read_timer(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _read_timed_out(self) -> None:
+            self._read_timer = None
+            if self.cycle is None or self.cycle.response_complete:  # nothing of ours is being sent
+                self._refuse(408, "request_timeout",
+                             f"the request did not arrive within {limits.read_timeout_s:g} s")
+            else:
+                self.transport.close()
+
+        def _refuse(self, status: int, code: str, detail: str) -> None:
+            self.logger.warning("refused a request from %s: %s", self.client, detail)
+            if not self.transport.is_closing():
+                self.transport.write(_raw_error(status, code, detail))
+                self.transport.close()
+
+    return GuardedHttpToolsProtocol
+
+
+# ---------------------------------------------------------------------------------------------
 # Body size limit (pure ASGI, so an oversized body is refused before it is buffered or parsed)
 # ---------------------------------------------------------------------------------------------
 
@@ -176,6 +305,8 @@ class BodyLimitMiddleware:
         chunks, size = [], 0
         while True:  # buffer the (bounded) body, then replay it to the app
             message = await receive()
+            if message["type"] == "http.disconnect":  # the client left (or was timed out) mid-body
+                return None
             if message["type"] != "http.request":
                 break
             chunk = message.get("body", b"")
@@ -206,13 +337,56 @@ class BodyLimitMiddleware:
 
 
 # ---------------------------------------------------------------------------------------------
+# Access control (pure ASGI: an unauthenticated request costs no body read and no parsing)
+# ---------------------------------------------------------------------------------------------
+
+
+class SecretMiddleware:
+    """Refuse every request but ``OPEN_PATHS`` without ``Authorization: Bearer <secret>`` (401)."""
+
+    def __init__(self, app, secret: str):
+        self.app = app
+        self.expected = b"Bearer " + secret.encode("utf-8")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        given = next((v for k, v in scope.get("headers") or () if k == AUTH_HEADER.encode()), b"")
+        if hmac.compare_digest(given, self.expected):  # constant time: no timing oracle on the secret
+            return await self.app(scope, receive, send)
+        response = _error(401, "unauthorized",
+                          f"this service requires its shared secret: send 'Authorization: Bearer <secret>' "
+                          f"(the client takes secret=..., or reads ${SECRET_ENV})")
+        await response(scope, receive, send)
+
+
+def _run_id(request: Request) -> str | None:
+    """The caller's run id (header), or None; validated like an instance id (it keys server state)."""
+    from env_service.manager import _check_instance_id
+
+    value = request.headers.get(RUN_ID_HEADER)
+    return None if value is None else _check_instance_id(value, what="run id")
+
+
+def _owner(request: Request, run_id: str | None) -> str:
+    """Whom per-client limits count against: the run, else the client's address."""
+    return run_id if run_id is not None else f"addr:{request.client.host if request.client else '?'}"
+
+
+# ---------------------------------------------------------------------------------------------
 # The app
 # ---------------------------------------------------------------------------------------------
 
 
-def create_app(manager: EpisodeManager | None = None) -> FastAPI:
-    """The FastAPI app. ``manager``: share one with other code (tests); default: a fresh one."""
+def create_app(manager: EpisodeManager | None = None, secret: str | None = None,
+               service_id: str | None = None, limits: HttpLimits | None = None) -> FastAPI:
+    """The FastAPI app. ``manager``: share one with other code (tests); default: a fresh one.
+
+    ``secret``: required on every endpoint but ``OPEN_PATHS``. ``service_id``: echoed by ``/health`` so
+    whoever started this service can tell it from another one answering on the same port.
+    """
     manager = manager or EpisodeManager()
+    limits = limits or HttpLimits()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -238,7 +412,10 @@ def create_app(manager: EpisodeManager | None = None) -> FastAPI:
     )
     app.state.manager = manager
     app.state.limiter = None
-    app.add_middleware(BodyLimitMiddleware)
+    app.state.service_id = service_id
+    app.add_middleware(BodyLimitMiddleware, limit=limits.max_body_bytes)
+    if secret:  # added last: outermost, so the secret is checked before a body is read
+        app.add_middleware(SecretMiddleware, secret=secret)
     _install_error_handlers(app, manager)
     _install_routes(app, manager)
     return app
@@ -275,7 +452,10 @@ def _install_routes(app: FastAPI, manager: EpisodeManager) -> None:
 
     @app.post("/create", response_model=CreateResponse, responses=errors)
     async def create(body: CreateRequest, request: Request):
-        return await _run(request, manager.create, body.task_id, body.mode, body.params, body.instance_id)
+        run_id = _run_id(request)
+        return await _run(request, functools.partial(
+            manager.create, body.task_id, body.mode, body.params, body.instance_id,
+            owner=_owner(request, run_id), run_id=run_id))
 
     @app.post("/step", response_model=StepResponse, responses=errors)
     async def step(body: StepRequest, request: Request):
@@ -291,16 +471,20 @@ def _install_routes(app: FastAPI, manager: EpisodeManager) -> None:
 
     @app.post("/profile", responses=errors)
     async def set_profile(body: ProfileRequest, request: Request):
-        return await _run(request, manager.set_profile, body.profile)
+        return await _run(request, manager.set_profile, body.profile, _run_id(request))
 
     @app.get("/profile")
     async def get_profile(request: Request):
-        return await _run(request, manager.get_profile)
+        return await _run(request, manager.get_profile, _run_id(request))
 
     async def health():
         # Stats take only the manager's short dict lock: answer on the loop, even when the pool
         # is saturated, so liveness probes never time out under load.
-        return SafeJSONResponse({"status": "ok", **manager.stats()})
+        # "degraded" (503) while a worker process is dead or past the deadline of the request it serves.
+        workers = manager.health()
+        return SafeJSONResponse({"status": "ok" if workers["ok"] else "degraded",
+                                 "service_id": app.state.service_id, **manager.stats(), "workers": workers},
+                                status_code=200 if workers["ok"] else 503)
 
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/healthz", health, methods=["GET"], include_in_schema=False)
@@ -337,14 +521,13 @@ def _install_error_handlers(app: FastAPI, manager: EpisodeManager) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _uvicorn_config(app, host: str, port: int, log_level: str, access_log: bool):
+def _uvicorn_config(app, host: str, port: int, log_level: str, access_log: bool, limits: HttpLimits):
     import uvicorn
 
-    # keep-alive well above the client's think time, so pooled connections are rarely closed under
-    # a request (the client retries that case, but it costs a round trip).
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=access_log,
-        timeout_keep_alive=75, lifespan="on",
+        app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
+        http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,
+        limit_concurrency=limits.max_connections,
     )
 
 
@@ -354,11 +537,23 @@ def serve(
     log_level: str = "info",
     manager: EpisodeManager | None = None,
     access_log: bool = False,
+    secret: str | None = None,
+    service_id: str | None = None,
+    limits: HttpLimits | None = None,
+    workers: int | None = None,
 ) -> None:
-    """Run the service in the foreground (blocks). Binds to 127.0.0.1 unless told otherwise."""
+    """Run the service in the foreground (blocks). Binds to 127.0.0.1 unless told otherwise; any other
+    address needs ``secret`` (see :func:`check_bind`). ``workers``: episode processes when no ``manager``
+    is given (default: one per core)."""
+    import os
+
     import uvicorn
 
-    uvicorn.Server(_uvicorn_config(create_app(manager), host, port, log_level, access_log)).run()
+    check_bind(host, secret)
+    manager = manager or EpisodeManager(workers=(os.cpu_count() or 1) if workers is None else workers)
+    limits = limits or HttpLimits()
+    app = create_app(manager, secret=secret, service_id=service_id, limits=limits)
+    uvicorn.Server(_uvicorn_config(app, host, port, log_level, access_log, limits)).run()
 
 
 class ServerThread:
@@ -369,18 +564,21 @@ class ServerThread:
     """
 
     def __init__(self, manager: EpisodeManager | None = None, host: str = DEFAULT_HOST,
-                 port: int = 0, log_level: str = "warning"):
+                 port: int = 0, log_level: str = "warning", secret: str | None = None,
+                 service_id: str | None = None, limits: HttpLimits | None = None):
         import uvicorn
 
+        check_bind(host, secret)
+        limits = limits or HttpLimits()
         self.manager = manager or EpisodeManager()
-        self.app = create_app(self.manager)
+        self.app = create_app(self.manager, secret=secret, service_id=service_id, limits=limits)
         # proto must be IPPROTO_TCP explicitly: asyncio enables TCP_NODELAY on accepted connections
         # only for sockets that say so, and with Nagle on every response waits ~40 ms for an ACK.
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = self._socket.getsockname()[:2]
-        self.server = uvicorn.Server(_uvicorn_config(self.app, host, self.port, log_level, False))
+        self.server = uvicorn.Server(_uvicorn_config(self.app, host, self.port, log_level, False, limits))
         self._thread = threading.Thread(target=self._run, name="env-service", daemon=True)
 
     @property
@@ -418,6 +616,9 @@ class ServerThread:
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "HttpLimits",
+    "SecretMiddleware",
+    "guarded_protocol",
     "MAX_BODY_BYTES",
     "BodyLimitMiddleware",
     "ServerThread",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -245,50 +244,91 @@ def _check_checkpoints(config, problems):
 
 @contextlib.contextmanager
 def environment_service(config: DictConfig):
-    """Use ``env_service.url`` if set (it must answer /health); else start a local service for the run."""
+    """The run's environment service; yields its URL and fills ``env_service.run_id``/``secret_file``/...
+
+    ``env_service.url`` set: that service (it must answer /health); its secret, if any, comes from
+    ``env_service.secret_file`` or ``$SEAL_ENV_SECRET``. Otherwise services started for this run only, with
+    a fresh secret (a 0600 file in the run directory, never printed) and a fresh identity checked in
+    /health: one on this machine's loopback, or one per Ray node when ``trainer.nnodes > 1``.
+    """
+    from env_service.auth import resolve_secret
     from env_service.client import EnvClient
 
+    from seal import env_services
     env = config.env_service
     if env.url:
+    env.run_id = env.run_id or f"{config.trainer.experiment_name}-{env_services.new_service_id()}"
         try:
-            EnvClient(env.url, timeout_s=5, retries=1).health()
+            EnvClient(env.url, timeout_s=5, retries=1, secret=resolve_secret(secret_file=env.secret_file)).health()
         except Exception as exc:
             raise PreflightError(f"env_service.url {env.url!r} is not reachable: {exc}") from exc
         yield env.url
         return
-    url = f"http://{env.host}:{env.port}"
-    log_path = Path(config.seal.run_dir) / "env_service.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "env_service", "serve", "--host", str(env.host), "--port", str(env.port)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-        )
-        try:
-            _wait_healthy(url, proc)
-            print(f"[seal] environment service up at {url} (pid {proc.pid}, log {log_path})")
+    run_dir = Path(config.seal.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    secret = env_services.new_secret()
+    env.secret_file = env_services.write_secret(run_dir / "env_service.secret", secret)
+    env.service_id = env_services.new_service_id()
+    try:
+        starter = _node_services if int(config.trainer.nnodes) > 1 else _local_service
+        with starter(config, secret) as url:
             yield url
+    except env_services.ServiceStartError as exc:
+        raise PreflightError(str(exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(env.secret_file)
+
+
+@contextlib.contextmanager
+def _local_service(config: DictConfig, secret: str):
+    from env_service.auth import SECRET_ENV
+    from seal.env_services import LocalService, serve_flags
+
+    env = config.env_service
+    log_path = Path(config.seal.run_dir) / "env_service.log"
+    service = LocalService(env.secret_file, env.service_id, port=env.port, flags=serve_flags(env.serve),
+                           log_path=log_path, host=str(env.host)).start()
+    print(f"[seal] environment service up at {service.url} (pid {service.proc.pid}, log {log_path})")
+    # The clients of this process and of the local Ray cluster it starts (which inherits the environment)
+    # default to $SEAL_ENV_SECRET; env_service.secret_file also names it, for processes started elsewhere.
+    previous = os.environ.get(SECRET_ENV)
+    os.environ[SECRET_ENV] = secret
+    try:
+        yield service.url
+    finally:
+        service.stop()
+        if previous is None:
+            os.environ.pop(SECRET_ENV, None)
+        else:
+            os.environ[SECRET_ENV] = previous
+
+
+@contextlib.contextmanager
+def _node_services(config: DictConfig, secret: str):
+    """One service per Ray node, owned by detached actors: the launcher disconnects before verl connects
+    to the cluster again with its own runtime environment, and reconnects at the end to stop them."""
+    import ray
+
+    from seal.env_services import ACTOR_NAMESPACE, serve_flags, start_node_services, stop_node_services
+
+    env = config.env_service
+    address = config.ray_kwargs.ray_init.get("address") or "auto"  # several nodes: a cluster started with `ray start`
+    ray.init(address=address, namespace=ACTOR_NAMESPACE, log_to_driver=False)
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        env.nodes = start_node_services(secret, env.service_id, serve_flags(env.serve))
+    finally:
+        ray.shutdown()
+    print(f"[seal] {len(env.nodes)} environment services up, one per node: {dict(env.nodes)}")
+    try:
+        yield env.nodes.get(here) or next(iter(env.nodes.values()))
+    finally:
+        ray.init(address=address, namespace=ACTOR_NAMESPACE, log_to_driver=False)
+        try:
+            stop_node_services(env.service_id, list(env.nodes))
         finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            if proc.poll() is None:
-                proc.kill()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    from env_service.client import EnvClient
-
-    client = EnvClient(url, timeout_s=2, retries=0)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise PreflightError(f"the environment service exited with code {proc.returncode} (is port {url} in use?)")
-        with contextlib.suppress(Exception):
-            client.health()
-            return
-        time.sleep(0.3)
-    raise PreflightError(f"the environment service did not become healthy at {url} within {timeout_s:.0f}s")
+            ray.shutdown()
 
 
 # ---- run ------------------------------------------------------------------------------------------

@@ -135,6 +135,54 @@ def test_score_bad_line_names_line_number_and_exits_2(tmp_path, capsys, bad_line
     assert not out.exists()  # nothing half-written
 
 
+def test_score_reports_every_bad_line_including_one_nested_too_deeply(tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    deep = "[" * 100_000 + "]" * 100_000
+    source.write_text("\n".join([json.dumps(gt_record("multi_turn_base_0")), deep, "{not json",
+                                 '{"id": "multi_turn_base_0"}']) + "\n")
+    assert main(["score", "--input", str(source)]) == 2
+    err = capsys.readouterr().err
+    assert f"{source}:2: JSON nested too deeply" in err and f"{source}:3" in err and f"{source}:4" in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("alias", ["same", "symlink", "hardlink", "dotted"])
+def test_score_refuses_to_overwrite_its_input(tmp_path, capsys, alias):
+    source = tmp_path / "in.jsonl"
+    text = json.dumps(gt_record("multi_turn_base_0")) + "\n"
+    source.write_text(text)
+    output = {"same": source, "symlink": tmp_path / "link.jsonl", "hardlink": tmp_path / "hard.jsonl",
+              "dotted": tmp_path / "." / "in.jsonl"}[alias]
+    if alias == "symlink":
+        output.symlink_to(source)
+    if alias == "hardlink":
+        os.link(source, output)
+    assert main(["score", "--input", str(source), "--output", str(output)]) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert source.read_text() == text
+
+
+def test_score_replaces_the_output_atomically(tmp_path, monkeypatch, capsys):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(json.dumps(gt_record("multi_turn_base_0")) + "\n")
+    out.write_text("previous verdicts\n")
+    out.chmod(0o644)
+
+    def no_rename(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_rename)  # the write fails at the last moment ...
+    assert main(["score", "--input", str(source), "--output", str(out)]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert out.read_text() == "previous verdicts\n"  # ... and the old output is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]  # no temporary left
+    monkeypatch.undo()
+    assert main(["score", "--input", str(source), "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["valid"] is True
+    assert (out.stat().st_mode & 0o777) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
 def test_score_missing_file_exits_2(tmp_path, capsys):
     assert main(["score", "--input", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
@@ -170,6 +218,46 @@ def test_replay_over_http_train_mode(capsys):
         assert code == 0
         assert server.manager.stats()["live"] == 0  # every episode released
     assert "total               8       8" in capsys.readouterr().out
+
+
+def test_replay_pool_is_sized_to_its_concurrency(monkeypatch, capsys):
+    from env_service import replay
+
+    seen = {}
+
+    def capture(client, task_ids, **kwargs):
+        seen["pool"] = client.session.get_adapter(client.url)._pool_maxsize
+        return []
+
+    monkeypatch.setattr(replay, "replay_split", capture)
+    with ServerThread() as server:
+        main(["replay", "--limit", "1", "--concurrency", "3", "--url", server.url, "--no-progress"])
+    assert seen["pool"] == 3
+
+
+def test_replay_stops_early_when_the_service_dies(capsys):
+    import threading
+
+    from env_service import replay
+    from env_service.client import EnvClient
+
+    server = ServerThread().start()
+    client = EnvClient(server.url)  # default retries: each request gives up after ~3.5 s of backoff
+    ids = tasks.task_ids("train")[:40]
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(results=replay.replay_split(client, ids, concurrency=4)))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while server.manager.stats()["evaluations"] < 2:
+        assert time.monotonic() < deadline and runner.is_alive()
+        time.sleep(0.05)
+    server.stop()
+    stopped = time.monotonic()
+    runner.join(120)
+    # Without the early stop every remaining task spent its own retries: ~30 s here, 78 s for the heldout split.
+    assert time.monotonic() - stopped < 12
+    errors = [r.error for r in outcome["results"]]
+    assert errors.count(replay.SKIPPED_UNREACHABLE) >= 20, errors
 
 
 def test_replay_unreachable_url_exits_2(capsys):

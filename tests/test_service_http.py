@@ -360,3 +360,46 @@ def test_lost_responses_are_retried_without_double_effects(server, monkeypatch):
     assert second["message"]["content"] == tasks.load_task(TASK).question[2][0]["content"]
     assert client.evaluate(created["instance_id"])["num_steps"] == 2
     assert client.release(created["instance_id"])
+
+
+def test_a_retried_evaluate_and_release_gets_the_same_evaluation(server, monkeypatch):
+    """evaluate(release=True) is served, its answer is lost, the client retries: the same evaluation, not 404."""
+    client = EnvClient(server.url, retries=2, backoff_s=0.0)
+    instance_id = client.create(TASK, "validate")["instance_id"]
+    client.step(instance_id, "moving on")
+    before_release = client.evaluate(instance_id)
+    released = server.manager.stats()["released"]
+    adapter = client.session.get_adapter(client.url)
+    original = adapter.send
+    lost = []
+
+    def lose_first_answer(request, **kwargs):
+        response = original(request, **kwargs)
+        if not lost:
+            lost.append(request.path_url)
+            raise requests.ConnectionError("connection reset after the request was served")
+        return response
+
+    monkeypatch.setattr(adapter, "send", lose_first_answer)
+    assert client.evaluate(instance_id, release=True) == before_release
+    assert lost == ["/evaluate"] and server.manager.stats()["released"] == released + 1
+    assert client.evaluate(instance_id, release=True) == before_release  # any later retry too
+    with pytest.raises(EnvServiceError) as err:  # a different question about a released episode is still 404
+        client.evaluate(instance_id, {"mode": "capped", "partial_credit_cap": 0.5})
+    assert err.value.status == 404
+    with pytest.raises(EnvServiceError):
+        client.step(instance_id, "more")  # released is released: only the evaluation is kept
+
+
+def test_kept_evaluations_expire():
+    from env_service.manager import EVALUATION_CACHE_TTL_S
+
+    now = [0.0]
+    manager = EpisodeManager(clock=lambda: now[0])
+    instance_id = manager.create(TASK, "validate")["instance_id"]
+    first = manager.evaluate(instance_id, release=True)
+    now[0] += EVALUATION_CACHE_TTL_S - 1
+    assert manager.evaluate(instance_id, release=True) == first
+    now[0] += 2
+    with pytest.raises(Exception, match="unknown instance_id"):
+        manager.evaluate(instance_id, release=True)

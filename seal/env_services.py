@@ -1,0 +1,274 @@
+"""The run's environment services: started, recognised and stopped here; found by the agent loop.
+
+One node: the launcher starts one ``python -m env_service serve`` on 127.0.0.1 (a free port unless
+``env_service.port`` names one). Several nodes (``trainer.nnodes > 1``): one service per node, each on
+its own node's loopback and owned by a Ray actor pinned to that node; ``env_service.nodes`` maps Ray
+node id -> URL, an agent-loop worker uses its own node's service (:func:`service_for_this_node`) and a
+failure profile goes to every one (:func:`profile_client`).
+
+Every service gets the run's shared secret (a file only its owner can read, never a command-line
+argument or a log line) and a fresh service id that ``/health`` echoes: a different server answering on
+the same port is refused, never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from env_service.auth import resolve_secret
+from env_service.client import EnvClient, EnvServiceError, ProfileFanOut, make_client
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Ray namespace of the per-node service actors (named ``<service_id>:<node_id>``).
+ACTOR_NAMESPACE = "seal-env-services"
+LOOPBACK = "127.0.0.1"
+
+
+class ServiceStartError(RuntimeError):
+    """A service of the run did not come up (or another server answered in its place)."""
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def new_service_id() -> str:
+    return secrets.token_hex(8)
+
+
+def write_secret(path: str | os.PathLike, secret: str) -> str:
+    """Write ``secret`` to ``path``, readable by its owner only (created 0600, never world-readable)."""
+    path = str(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)  # an existing file keeps its old mode through O_CREAT
+        handle.write(secret)
+    return path
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def serve_flags(options) -> list[str]:
+    """``env_service.serve`` (``{workers: 2, read_timeout_s: 10, ...}``) as ``serve`` flags; nulls are left out."""
+    flags = []
+    for key, value in dict(options or {}).items():
+        if value is not None:
+            flags += ["--" + str(key).replace("_", "-"), str(value)]
+    return flags
+
+
+class LocalService:
+    """A ``python -m env_service serve`` process of this run, on this machine's loopback."""
+
+    def __init__(self, secret_file: str, service_id: str, port: int | None = None, flags: list[str] = (),
+                 log_path: str | os.PathLike | None = None, host: str = LOOPBACK):
+        self.host, self.port = host, int(port) if port else free_port(host)
+        self.secret_file, self.service_id = secret_file, service_id
+        self.flags, self.log_path = list(flags), log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 120.0) -> LocalService:
+        command = [sys.executable, "-m", "env_service", "serve", "--host", self.host, "--port", str(self.port),
+                   "--secret-file", self.secret_file, "--service-id", self.service_id, *self.flags]
+        log = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+        try:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+        try:
+            wait_healthy(self.url, self.proc, self.service_id, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, service_id: str, timeout_s: float = 120.0) -> None:
+    """Wait until the service ``proc`` started answers at ``url`` as ``service_id``.
+
+    A server that answers with another id is someone else's (the port was taken): never ours to use.
+    """
+    client = EnvClient(url, timeout_s=2, retries=0)
+    deadline = time.monotonic() + timeout_s
+    stranger = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            taken = f"; port {url.rsplit(':', 1)[-1]} is taken by another server" if stranger else \
+                " (is the port in use?)"
+            raise ServiceStartError(
+                f"the environment service exited with code {proc.returncode}{taken}: set env_service.port=null "
+                f"(a free port) or free the port; the service log says more")
+        with contextlib.suppress(EnvServiceError):
+            answered = client.health().get("service_id")
+            if answered == service_id:
+                return
+            stranger = answered or "none"
+        time.sleep(0.3)
+    what = f"another server answers there (service id {stranger!r})" if stranger else "no answer"
+    raise ServiceStartError(f"the environment service did not become healthy at {url} within {timeout_s:.0f}s: {what}")
+
+
+# ---- one service per node ---------------------------------------------------------------------------------
+
+
+def actor_name(service_id: str, node_id: str) -> str:
+    return f"{service_id}:{node_id}"
+
+
+class NodeService:
+    """Ray actor owning one node's service (a loopback ``LocalService`` with the run's secret)."""
+
+    def __init__(self, secret: str, service_id: str, flags: list[str]):
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self._dir = tempfile.mkdtemp(prefix="seal-env-")  # 0700: the secret file is private to this user
+        self._secret = secret
+        self.service = LocalService(write_secret(Path(self._dir) / "secret", secret),
+                                    f"{service_id}:{self.node_id}", flags=flags,
+                                    log_path=Path(self._dir) / "env_service.log").start()
+
+    def url(self) -> str:
+        return self.service.url
+
+    def secret(self) -> str:
+        return self._secret
+
+    def set_profile(self, profile: dict, run_id: str | None) -> dict:
+        with make_client(self.service.url, run_id=run_id, secret=self._secret, retries=1) as client:
+            return client.set_profile(profile)
+
+    def stop(self) -> None:
+        self.service.stop()
+        with contextlib.suppress(OSError):
+            (Path(self._dir) / "secret").unlink()
+
+
+def start_node_services(secret: str, service_id: str, flags: list[str] = (),
+                        timeout_s: float = 300.0) -> dict[str, str]:
+    """One ``NodeService`` actor on every alive Ray node (Ray must be initialised); node id -> URL.
+
+    The actors are detached: they outlive this driver's connection (the launcher disconnects before
+    verl connects again), so stop them with :func:`stop_node_services`.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0, max_restarts=0)(NodeService)
+    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    actors = {
+        node_id: remote.options(
+            name=actor_name(service_id, node_id), namespace=ACTOR_NAMESPACE,
+            lifetime="detached",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(secret, service_id, list(flags))
+        for node_id in nodes
+    }
+    try:
+        urls = ray.get([actor.url.remote() for actor in actors.values()], timeout=timeout_s)
+    except Exception as exc:
+        stop_node_services(service_id, nodes)
+        raise ServiceStartError(f"an environment service on a Ray node did not start: {exc}") from exc
+    return dict(zip(actors, urls))
+
+
+def stop_node_services(service_id: str, node_ids) -> None:
+    """Stop and remove the node services of ``service_id`` (Ray must be initialised); missing ones are skipped."""
+    import ray
+
+    for node_id in node_ids:
+        with contextlib.suppress(Exception):
+            actor = ray.get_actor(actor_name(service_id, node_id), namespace=ACTOR_NAMESPACE)
+            with contextlib.suppress(Exception):
+                ray.get(actor.stop.remote(), timeout=30)
+            ray.kill(actor)
+
+
+def _node_actor(env, node_id: str):
+    import ray
+
+    return ray.get_actor(actor_name(env.service_id, node_id), namespace=ACTOR_NAMESPACE)
+
+
+def service_for_this_node(env) -> tuple[str, str | None]:
+    """``(url, secret)`` of the environment service an agent-loop worker uses (``env``: ``config.env_service``).
+
+    With ``env.nodes`` (several nodes): the service of the node this process runs on; else ``env.url``
+    with the secret from ``env.secret_file`` or ``$SEAL_ENV_SECRET``. Resolved once per process.
+    """
+    nodes = env.get("nodes")
+    return _resolve(env.url, env.get("secret_file"), env.get("service_id"), tuple(sorted(dict(nodes or {}).items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _resolve(url, secret_file, service_id, nodes: tuple) -> tuple[str, str | None]:
+    if not nodes:
+        return url, resolve_secret(secret_file=secret_file)
+    import ray
+
+    node_id, urls = ray.get_runtime_context().get_node_id(), dict(nodes)
+    if node_id not in urls:
+        raise ServiceStartError(f"no environment service runs on Ray node {node_id} (services: {sorted(urls)}); "
+                                "a node joined after the launcher started the services")
+    actor = ray.get_actor(actor_name(service_id, node_id), namespace=ACTOR_NAMESPACE)
+    return urls[node_id], ray.get(actor.secret.remote())
+
+
+class _NodeProfileClient:
+    """``set_profile`` through a node's actor (the services listen on their own node's loopback only)."""
+
+    def __init__(self, actor, run_id: str | None):
+        self.actor, self.run_id = actor, run_id
+
+    def set_profile(self, profile: dict) -> dict:
+        import ray
+
+        try:
+            return ray.get(self.actor.set_profile.remote(profile, self.run_id))
+        except Exception as exc:  # a Ray error wrapping whatever the node raised
+            raise EnvServiceError(None, f"pushing the profile through {self.actor}: {exc}", "node_error") from exc
+
+    def close(self) -> None:
+        pass
+
+
+def profile_client(env, run_id: str | None, **http_options):
+    """Where the trainer pushes failure profiles: every node's service, or the one service."""
+    nodes = env.get("nodes")
+    if not nodes:
+        url, secret = service_for_this_node(env)
+        return make_client(url, run_id=run_id, secret=secret, **http_options)
+    return ProfileFanOut([_NodeProfileClient(_node_actor(env, node_id), run_id) for node_id in nodes])
+
+
+__all__ = ["ACTOR_NAMESPACE", "LocalService", "NodeService", "ServiceStartError", "free_port", "new_secret",
+           "new_service_id", "profile_client", "serve_flags", "service_for_this_node", "start_node_services",
+           "stop_node_services", "wait_healthy", "write_secret"]

@@ -1,0 +1,151 @@
+"""HTTP limits of the real service, driven with raw sockets on 127.0.0.1: header bytes and count, read
+timeouts for slow clients, and that an attacker's oversized request does not stall an innocent episode.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from env_service.client import EnvClient
+from env_service.manager import EpisodeManager
+from env_service.service import HttpLimits, ServerThread
+
+READ_TIMEOUT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerThread(EpisodeManager(), limits=HttpLimits(read_timeout_s=READ_TIMEOUT_S)) as srv:
+        yield srv
+
+
+def connect(server) -> socket.socket:
+    sock = socket.create_connection((server.host, server.port), timeout=10)
+    return sock
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (or 10 s pass)."""
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def get(extra_headers: bytes = b"", path: bytes = b"/health") -> bytes:
+    return b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra_headers + b"\r\n"
+
+
+def status_of(response: bytes) -> int:
+    assert response.startswith(b"HTTP/1.1 "), response[:200]
+    return int(response.split(b" ", 2)[1])
+
+
+def send_and_read(server, request: bytes) -> bytes:
+    with connect(server) as sock:
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before we finished sending: the answer may still be readable
+        return read_response(sock)
+
+
+def test_header_bytes_over_the_limit_get_431_and_under_it_pass(server):
+    limit = HttpLimits().max_header_bytes
+    ok = send_and_read(server, get(b"X-Pad: " + b"a" * (limit - 1024) + b"\r\n"))
+    assert status_of(ok) == 200
+    refused = send_and_read(server, get(b"X-Pad: " + b"a" * (limit + 1) + b"\r\n"))
+    assert status_of(refused) == 431 and b"headers_too_large" in refused
+
+
+def test_header_count_over_the_limit_gets_431(server):
+    limit = HttpLimits().max_headers
+    many = lambda n: b"".join(b"X-H%d: 1\r\n" % i for i in range(n))  # noqa: E731
+    assert status_of(send_and_read(server, get(many(limit - 5)))) == 200
+    refused = send_and_read(server, get(many(limit + 1)))
+    assert status_of(refused) == 431 and b"headers_too_many" in refused
+
+
+def test_a_64_mb_header_does_not_stall_an_innocent_episode(server):
+    client = EnvClient(server.url, retries=0, timeout_s=30)
+    instance_id = client.create("multi_turn_base_0", "validate")["instance_id"]
+    outcome = {}
+
+    def attacker():
+        started = time.monotonic()
+        with connect(server) as sock:
+            try:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 * 2**20) + b"\r\n\r\n")
+                outcome["response"] = read_response(sock)
+            except OSError as error:  # the server closed on us mid-send: refused early, as it should
+                outcome["response"] = repr(error).encode()
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=attacker)
+    thread.start()
+    latencies = []
+    while thread.is_alive() or not latencies:
+        begun = time.monotonic()
+        if client.step(instance_id, "still here?")["terminated"]:
+            client.release(instance_id)
+            instance_id = client.create("multi_turn_base_0", "validate")["instance_id"]
+        latencies.append(time.monotonic() - begun)
+    thread.join()
+    client.release(instance_id)
+    assert b"431" in outcome["response"] or b"Connection reset" in outcome["response"] \
+        or b"Broken pipe" in outcome["response"], outcome["response"][:200]
+    # Unbounded, the server buffered and parsed all 64 MB on its event loop (~9 s, requests stalled ~3.5 s).
+    assert outcome["seconds"] < 3.0, outcome
+    assert max(latencies) < 1.0, latencies
+
+
+def test_a_slow_client_is_timed_out_with_408(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # ... and the rest never comes
+        started = time.monotonic()
+        response = read_response(sock)
+    assert status_of(response) == 408 and b"request_timeout" in response
+    assert READ_TIMEOUT_S * 0.5 < time.monotonic() - started < READ_TIMEOUT_S + 5
+
+
+def test_a_silent_connection_is_closed(server):
+    with connect(server) as sock:
+        started = time.monotonic()
+        response = read_response(sock)
+    assert status_of(response) == 408
+    assert time.monotonic() - started < READ_TIMEOUT_S + 5
+
+
+def test_a_body_that_never_finishes_is_dropped(server):
+    with connect(server) as sock:
+        sock.sendall(b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"instance_id\": ")
+        started = time.monotonic()
+        read_response(sock)  # returns once the server closes
+    assert time.monotonic() - started < READ_TIMEOUT_S + 5
+
+
+def test_kept_alive_connections_survive_pauses_between_requests(server):
+    """The read timeout applies to a request in progress, not to the idle time between requests."""
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with connect(server) as sock:
+        for _ in range(2):
+            sock.sendall(request)
+            head = sock.recv(65536)
+            assert status_of(head) == 200
+            time.sleep(READ_TIMEOUT_S * 1.5)
+
+
+def test_server_healthy_after_the_abuse(server):
+    assert server.alive()
+    assert EnvClient(server.url, retries=0).health()["status"] == "ok"
