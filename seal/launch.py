@@ -93,20 +93,21 @@ def _check_attention(config, problems):
 
 
 def _check_padding_removal(config, problems):
-    """Padding removal packs a micro-batch into one row; only flash attention keeps its sequences apart."""
-    from seal.node_checks import PACKED_SEQUENCE_ATTENTION, attention_implementation
+    """Padding removal packs a micro-batch into one row; the attention must keep those sequences apart."""
+    from seal.node_checks import attention_implementation, separates_packed_sequences
 
     model = config.actor_rollout_ref.model
     implementation = attention_implementation(model)
-    if not model.use_remove_padding or implementation in PACKED_SEQUENCE_ATTENTION:
+    if not model.use_remove_padding or separates_packed_sequences(implementation):
         return
     packing = [name for name, several in _micro_batches(config) if several]
     if packing:
         problems.append(
-            f"model.use_remove_padding with attn_implementation {implementation!r} mixes the sequences packed into "
-            f"one micro-batch (each attends to the ones before it), and {', '.join(packing)} put several sequences "
-            "in one: use flash_attention_2, or set actor_rollout_ref.model.use_remove_padding=false, or keep one "
-            "sequence per micro-batch (micro batch size 1, no dynamic batch size)"
+            f"model.use_remove_padding with attn_implementation {implementation!r} would mix the sequences packed "
+            f"into one micro-batch (this attention/transformers cannot tell them apart; each would attend to the ones "
+            f"before it), and {', '.join(packing)} put several sequences in one: use flash_attention_2, or set "
+            "actor_rollout_ref.model.use_remove_padding=false, or keep one sequence per micro-batch (micro batch "
+            "size 1, no dynamic batch size)"
         )
 
 

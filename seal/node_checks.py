@@ -22,9 +22,10 @@ ATTENTION_MODULES = {
     "flash_attention_3": ("flash_attn_interface", "install FlashAttention-3 (flash-attention's hopper/ build)"),
 }
 
-#: Attention implementations that keep sequences packed into one row (padding removal) apart: flash attention's
-#: varlen path reads the sequence boundaries from the restarting position ids; sdpa and eager attend across them.
-PACKED_SEQUENCE_ATTENTION = frozenset(ATTENTION_MODULES)
+#: Attentions that take transformers' attention mask. Given packed sequences (padding removal: one row, restarting
+#: position ids, no mask, no cache -- verl's forward), transformers builds a block-diagonal mask from the position
+#: ids (`masking_utils.find_packed_sequence_indices`); without that detection they attend across sequences.
+MASK_ATTENTION = frozenset({"sdpa", "eager", "flex_attention"})
 
 #: Oldest Linux NVIDIA driver (major version) that runs each CUDA major's runtime (CUDA minor-version compatibility).
 MIN_DRIVER_FOR_CUDA = {13: 580, 12: 525, 11: 450}
@@ -34,6 +35,22 @@ def attention_implementation(model_config) -> str:
     """The attention implementation verl will build the actor/ref model with."""
     override = model_config.get("override_config") or {}
     return str(override.get("attn_implementation") or VERL_DEFAULT_ATTENTION)
+
+
+def separates_packed_sequences(implementation: str) -> bool:
+    """Whether sequences packed into one row stay apart: flash attention's varlen kernels read the boundaries from
+    the restarting position ids; mask-based attentions need transformers' packed-sequence detection."""
+    if "flash" in implementation:
+        return True
+    return implementation in MASK_ATTENTION and transformers_detects_packed_sequences()
+
+
+def transformers_detects_packed_sequences() -> bool:
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def attention_problem(implementation: str) -> str | None:

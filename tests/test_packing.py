@@ -1,14 +1,16 @@
-"""Padding removal packs sequences into one row: sdpa and eager attention let them see each other.
+"""Padding removal packs sequences into one row: are their log-probs still their own?
 
-With ``use_remove_padding: true`` verl's FSDP engine concatenates a micro-batch's sequences into one row and passes
-only ``input_ids`` and restarting ``position_ids`` (no attention mask), relying on flash attention's varlen path to
-keep the sequences apart. This test feeds the tiny model exactly that input (after verl's own model patch) and
-compares each packed sequence's log-probs with the same sequence run alone: with sdpa or eager the second sequence
-attends to the first, so its log-probs change. That is why preflight refuses padding removal with an attention
-that does not separate packed sequences while a micro-batch holds several (tests/test_preflight_gpu.py).
+With ``use_remove_padding: true`` verl's FSDP engine concatenates a micro-batch's sequences into one row and calls
+the model with only ``input_ids`` and restarting ``position_ids`` (no attention mask, ``use_cache=False``). Flash
+attention's varlen path reads the sequence boundaries from the position ids; sdpa and eager get them from
+transformers, which builds a block-diagonal mask from restarting position ids when there is no mask and no cache
+(``transformers.masking_utils.find_packed_sequence_indices``). This test feeds the tiny model exactly verl's input
+(after verl's own model patch) and compares each packed sequence's log-probs with the sequence run alone: equal
+with that detection, mixed without it (the second sequence attends to the first) -- the case preflight refuses
+(``seal.node_checks.separates_packed_sequences``, tests/test_preflight_gpu.py).
 
-flash_attention_2 cannot be shown here: flash-attn is a CUDA extension with no CPU build, so on this machine the
-comparison runs only for the attentions that mix; on a GPU with flash-attn installed the same comparison applies.
+flash_attention_2 runs only on a GPU with flash-attn (a CUDA extension with no CPU build); there the same
+comparison applies.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ LENGTHS = (7, 11)
 
 
 def _next_token_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=None, position_ids=position_ids).logits[0]
+    with torch.no_grad():  # verl's call: no attention mask, no cache ("prevent model thinks we are generating")
+        logits = model(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False).logits[0]
     targets = torch.roll(input_ids[0], shifts=-1)
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None])[:, 0]
 
@@ -52,7 +54,15 @@ def _packed_vs_alone(tiny_dir, attention: str) -> list[float]:
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_packed_sequences_mix_without_flash_attention(tiny_dir, attention):
+def test_packed_sequences_keep_their_own_log_probs(tiny_dir, attention):
+    assert max(_packed_vs_alone(tiny_dir, attention)) < 1e-5
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_without_packed_sequence_detection_they_mix(tiny_dir, attention, monkeypatch):
+    import transformers.masking_utils
+
+    monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     first, second = _packed_vs_alone(tiny_dir, attention)
     assert first < 1e-5  # nothing comes before the first sequence
     assert second > 1e-2  # the second attends to the first: its log-probs are not its own

@@ -104,18 +104,22 @@ def test_cpu_recipes_skip_the_cuda_check(monkeypatch):
 # ---- padding removal ------------------------------------------------------------------------------
 
 SDPA = "actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+SEVERAL_PER_MICRO_BATCH = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+]
 
 
-@pytest.mark.parametrize(
-    "several",
-    [
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true",
-    ],
-)
-def test_padding_removal_with_sdpa_and_several_sequences_per_micro_batch_is_refused(several):
+@pytest.fixture
+def no_packed_sequence_detection(monkeypatch):
+    """A transformers that cannot tell packed sequences apart for mask-based attention (tests/test_packing.py)."""
+    monkeypatch.setattr(node_checks, "transformers_detects_packed_sequences", lambda: False)
+
+
+@pytest.mark.parametrize("several", SEVERAL_PER_MICRO_BATCH)
+def test_padding_removal_that_would_mix_sequences_is_refused(several, no_packed_sequence_detection):
     setting = several.split("actor_rollout_ref.")[1].split("=")[0].replace("_per_gpu", "")
     [line] = _matching(_problems(SEAL, [SDPA, several]), "use_remove_padding")
     assert "'sdpa'" in line and setting in line
@@ -129,5 +133,11 @@ def test_padding_removal_with_sdpa_and_several_sequences_per_micro_batch_is_refu
         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"],  # flash attention separates packed sequences
     ],
 )
-def test_padding_removal_is_allowed_when_sequences_stay_apart(overrides):
+def test_padding_removal_is_allowed_when_sequences_stay_apart(overrides, no_packed_sequence_detection):
     assert not _matching(_problems(SEAL, overrides), "use_remove_padding")
+
+
+@pytest.mark.parametrize("several", SEVERAL_PER_MICRO_BATCH)
+def test_sdpa_packing_is_allowed_where_transformers_separates_packed_sequences(several):
+    assert node_checks.transformers_detects_packed_sequences()  # the installed transformers (5.x) does
+    assert not _matching(_problems(SEAL, [SDPA, several]), "use_remove_padding")
