@@ -130,7 +130,8 @@ def make_tables(runs: dict[str, RunResult], out_dir: str, pairs: list[tuple[str,
                  if set(with_verdicts[a].verdicts) == set(with_verdicts[b].verdicts)]
     tests = {f"{a} vs {b}": mcnemar(runs[a].verdicts, runs[b].verdicts) for a, b in pairs
              if a in with_verdicts and b in with_verdicts}
-    lines = ["| A vs B | tasks | only A passed | only B passed | p (exact McNemar) |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| A vs B | tasks | only A passed | only B passed | p (exact McNemar) |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k} | {v['tasks']} | {v['only_a']} | {v['only_b']} | {v['p_value']:.4g} |" for k, v in tests.items()]
     texts["mcnemar.md"] = "\n".join(lines) + "\n"
     for name, text in texts.items():

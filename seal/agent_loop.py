@@ -74,6 +74,7 @@ class Trajectory:
     env_errors: list[str] = field(default_factory=list)
     model_calls: int = 0
     termination: str = "completed"
+    steps: list[tuple[str, dict]] = field(default_factory=list)  # (assistant text, env step reply) per call
     # One id for every turn: verl's load balancer keeps an id on one server, whose prefix cache holds the context.
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -101,6 +102,8 @@ class BfclAgentLoop(AgentLoopBase):
         self.reward_params = _to_container(seal_cfg.reward)
         self.env = env_client(env_cfg.url, float(env_cfg.timeout_s), int(env_cfg.retries))
         self.eos_id = end_of_turn_id(self.tokenizer, seal_cfg.rollout.end_of_turn_token)
+        # ``python -m seal.eval``: one record per episode in this results file (off in training)
+        self.results_path = (seal_cfg.get("eval") or {}).get("results_path")
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         extra = kwargs["extra_info"]
@@ -157,6 +160,7 @@ class BfclAgentLoop(AgentLoopBase):
             text = await self._generate(traj, sampling_params, metrics)
             with _timer(metrics, "tool_calls"):
                 step = await self._env_call(self.env.step, instance_id, text)
+            traj.steps.append((text, step))
             if step["terminated"]:
                 traj.termination = "completed"
                 return
@@ -235,6 +239,8 @@ class BfclAgentLoop(AgentLoopBase):
         fields = diagnosis_fields(task_id, info.get("category"), evaluation, traj.model_calls, traj.termination)
         fields["seal_env_errors"] = traj.env_errors
         fields["seal_response_truncated"] = traj.response_len > self.response_length
+        if self.results_path:
+            self._write_record(task_id, evaluation, traj)
         return AgentLoopOutput(
             prompt_ids=traj.token_ids[: traj.prompt_len],
             response_ids=response_ids,
@@ -250,6 +256,8 @@ class BfclAgentLoop(AgentLoopBase):
                        want_logprobs: bool) -> AgentLoopOutput:
         fields = diagnosis_fields(task_id, extra.get("category"), None, 0, "env_error")
         fields.update(seal_failed=True, seal_error=error[:500])
+        if self.results_path:
+            self._write_record(task_id, None, Trajectory(token_ids=[], prompt_len=0, termination="env_error"), error)
         return AgentLoopOutput(
             prompt_ids=[self.eos_id],
             response_ids=[self.eos_id],
@@ -260,6 +268,18 @@ class BfclAgentLoop(AgentLoopBase):
             metrics=AgentLoopMetrics(**metrics),
             extra_fields={**fields, "reward_extra_info": reward_extra_info(0.0, failed=True)},
         )
+
+    def _write_record(self, task_id: str, evaluation: dict | None, traj: Trajectory, error: str = "") -> None:
+        from seal.eval.records import TurnLog, append_record, make_record
+
+        log = TurnLog(self.env_params.get("tool_prompt_mode", "bfcl_qwen_fc"))
+        for text, step in traj.steps:
+            log.add(text, step["message"], step["info"], step["terminated"])
+        tokens = {"prompt": traj.prompt_len, "completion": sum(traj.response_mask)}
+        source = {"mode": "checkpoint", "model": str(self.config.actor_rollout_ref.model.path)}
+        append_record(self.results_path, make_record(
+            task_id, evaluation, log.as_list(), model_calls=traj.model_calls, termination=traj.termination,
+            tokens=tokens, source=source, failed=evaluation is None, error=error))
 
 
 def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None, calls: int, termination: str) -> dict:

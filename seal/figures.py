@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from seal.diagnostics import plot_over_steps
 

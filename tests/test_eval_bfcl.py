@@ -8,7 +8,6 @@ in a subprocess: the per-category accuracy and the set of failing tasks must agr
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -16,7 +15,7 @@ from env_service.client import make_client
 from env_service.executor import parse_call_string
 from env_service.tasks import load_task
 from seal.eval import report
-from seal.eval.bfcl_files import BFCL_MODEL, render_step, score_with_bfcl
+from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
 from seal.eval.endpoint import run_episode
 from seal.eval.records import append_record, load_records
 
@@ -76,8 +75,8 @@ def test_bfcl_scores_our_results_as_we_do(results):
         assert score["correct_count"] == ours[category].passed, category
     failing = set()
     for category in scores:
-        path = root / "bfcl" / "score" / BFCL_MODEL.replace("/", "_") / "multi_turn" / f"BFCL_v4_multi_turn_{category}_score.json"
-        failing |= {json.loads(line)["id"] for line in path.read_text().splitlines()[1:]}
+        with open(score_file(str(root / "bfcl" / "score"), category)) as f:
+            failing |= {json.loads(line)["id"] for line in f.read().splitlines()[1:]}
     assert failing == {r["task_id"] for r in records if not r["valid"]}
     assert "multi_turn_miss_func_49" in failing
 

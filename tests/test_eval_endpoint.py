@@ -8,11 +8,9 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import requests
-
 from test_vllm_cpu import TINY_DIR, VENV_PYTHON, free_port, require_venv
 
 from seal.eval.__main__ import main as eval_main

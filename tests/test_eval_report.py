@@ -27,7 +27,8 @@ def test_results_file_resumes_and_survives_a_torn_line(tmp_path):
         f.write('{"task_id": "multi_turn_base_3", "valid": tr')  # interrupted mid-line
     assert finished_tasks(path) == {"multi_turn_base_1"}  # the failed one is retried, the torn one too
     append_record(path, record("multi_turn_base_2", True))  # the retry's record wins
-    assert {r["task_id"]: r["valid"] for r in load_records(path)} == {"multi_turn_base_1": True, "multi_turn_base_2": True}
+    valid = {r["task_id"]: r["valid"] for r in load_records(path)}
+    assert valid == {"multi_turn_base_1": True, "multi_turn_base_2": True}
 
 
 def test_accuracy_and_binomial_standard_errors():

@@ -14,14 +14,16 @@ def metrics(steps=4, quantiles=True):
         data = {"seal/apatch/mean_scale": 1.0 + 0.1 * s, "seal/apatch/tag_frac/state_mismatch": 0.5 - 0.05 * s,
                 "seal/apatch/tag_frac/pass": 0.5 + 0.05 * s, "seal/apatch/tag_weight/state_mismatch": 1.0 + 0.1 * s}
         if quantiles:
-            data.update({f"seal/apatch/scale/{q}": 0.5 + 0.2 * i + 0.01 * s for i, q in enumerate(figures.SCALE_QUANTILES)})
+            data.update({f"seal/apatch/scale/{q}": 0.5 + 0.2 * i + 0.01 * s
+                         for i, q in enumerate(figures.SCALE_QUANTILES)})
         out[s] = data
     return out
 
 
 def test_each_figure_is_written_from_its_metrics(tmp_path):
     m = metrics()
-    for fn, name in ((figures.tag_shares, "t.png"), (figures.apatch_weights, "w.png"), (figures.apatch_scales, "s.png")):
+    drawn = ((figures.tag_shares, "t.png"), (figures.apatch_weights, "w.png"), (figures.apatch_scales, "s.png"))
+    for fn, name in drawn:
         path = fn(m, str(tmp_path / name))
         assert path and (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert figures.tag_shares({1: {"other": 1.0}}, str(tmp_path / "none.png")) is None
@@ -46,7 +48,7 @@ def test_run_figures_from_a_run_directory(tmp_path):
     (run / "diagnostic_stats").mkdir(parents=True)
     with open(run / "metrics_1.jsonl", "w") as f:
         for step, data in metrics().items():
-            data[f"val-core/multi_turn_base/reward/mean@1"] = 0.1 * step
+            data["val-core/multi_turn_base/reward/mean@1"] = 0.1 * step
             f.write(json.dumps({"step": step, "data": data}) + "\n")
     (run / "diagnostic_stats" / "epoch_0.json").write_text(json.dumps(
         {"global_step": 4, "labels": {"pass": {"count": 3}, "state_mismatch": {"count": 1}}}))

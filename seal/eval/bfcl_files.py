@@ -46,9 +46,18 @@ def bfcl_entry(record: dict) -> dict:
     }
 
 
+def _category_file(folder: str, category: str, kind: str) -> str:
+    """bfcl's path of a multi-turn result or score file of our model under ``folder``."""
+    name = f"{VERSION_PREFIX}_{CATEGORY_PREFIX}{category}_{kind}.json"
+    return os.path.join(folder, BFCL_MODEL.replace("/", "_"), "multi_turn", name)
+
+
 def result_file(result_dir: str, category: str) -> str:
-    model_dir = BFCL_MODEL.replace("/", "_")
-    return os.path.join(result_dir, model_dir, "multi_turn", f"{VERSION_PREFIX}_{CATEGORY_PREFIX}{category}_result.json")
+    return _category_file(result_dir, category, "result")
+
+
+def score_file(score_dir: str, category: str) -> str:
+    return _category_file(score_dir, category, "score")
 
 
 def write_result_files(records: list[dict], result_dir: str) -> dict[str, str]:
@@ -69,8 +78,8 @@ def write_result_files(records: list[dict], result_dir: str) -> dict[str, str]:
 
 
 def run_bfcl_evaluate(root: str, categories: list[str], timeout_s: float = 600) -> dict[str, dict]:
-    """bfcl's ``evaluate --partial-eval`` (``seal/eval/bfcl_score.py``) on ``<root>/result``; returns {category: {accuracy, correct_count,
-    total_count}} from bfcl's score files (``<root>/score``)."""
+    """bfcl's ``evaluate --partial-eval`` (``seal/eval/bfcl_score.py``) on ``<root>/result``; returns
+    {category: {accuracy, correct_count, total_count}} from bfcl's score files (``<root>/score``)."""
     score_dir = os.path.join(root, "score")
     env = {**os.environ, "BFCL_PROJECT_ROOT": os.path.abspath(root)}
     env.setdefault("OPENAI_API_KEY", "unused")  # some bfcl handlers build an API client at construction
@@ -78,8 +87,7 @@ def run_bfcl_evaluate(root: str, categories: list[str], timeout_s: float = 600) 
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     scores = {}
     for category in categories:
-        path = os.path.join(score_dir, BFCL_MODEL.replace("/", "_"), "multi_turn",
-                            f"{VERSION_PREFIX}_{CATEGORY_PREFIX}{category}_score.json")
+        path = score_file(score_dir, category)
         if os.path.exists(path):
             with open(path) as f:
                 header = json.loads(f.readline())

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
@@ -27,8 +26,8 @@ class _ModelConfig:  # the fields of bfcl's ModelConfig
     org: str
     license: str
     model_handler: type
-    input_price: Optional[float]
-    output_price: Optional[float]
+    input_price: float | None
+    output_price: float | None
     is_fc_model: bool
     underscore_to_dot: bool
 

@@ -62,6 +62,7 @@ def run_checkpoint(task_ids: list[str], results_path: str, out_dir: str, *, reci
     from seal import launch
 
     val_file = write_eval_dataset(task_ids, os.path.join(out_dir, "eval_tasks.parquet"))
+    os.makedirs(os.path.join(out_dir, "run"), exist_ok=True)  # verl's file logger does not create its folder
     overrides = eval_overrides(model, val_file, results_path, out_dir, max_model_calls) + list(extra_overrides)
     stop = threading.Event()
     watcher = threading.Thread(target=_progress, args=(results_path, len(task_ids), stop, progress), daemon=True)

@@ -10,7 +10,8 @@ A record holds what the episode did and how it was judged::
 ``turns[t]`` lists the model's messages while it answered user turn ``t``; ``calls`` are the tool calls of a
 message that the environment ran (a refused or unparseable message has none). An episode that could not be
 run (``failed``: the environment service or the model server kept failing) is recorded with its error, reported
-apart and left out of accuracy, as in training validation; a rerun tries it again. Lines are appended under an exclusive lock with one ``write``, so agent-loop
+apart and left out of accuracy, as in training validation; a rerun tries it again. Lines are appended under an
+exclusive lock with one ``write``, so agent-loop
 workers in several processes can share a file, and an interrupted run leaves at most one partial last line,
 which loading skips.
 """
@@ -20,7 +21,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from env_service.parser import parse_assistant
 from env_service.vocabulary import short_category, task_category

@@ -100,7 +100,10 @@ def csv_table(rows: dict[str, dict[str, Cell]]) -> str:
         row = [name]
         for column in TABLE_COLUMNS:
             cell = cells.get(column)
-            row += [f"{100 * cell.accuracy:.4f}", f"{100 * cell.stderr:.4f}", cell.n] if cell and cell.n else ["", "", 0]
+            if cell and cell.n:
+                row += [f"{100 * cell.accuracy:.4f}", f"{100 * cell.stderr:.4f}", cell.n]
+            else:
+                row += ["", "", 0]
         writer.writerow(row)
     return out.getvalue()
 

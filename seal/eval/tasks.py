@@ -53,7 +53,8 @@ def write_eval_dataset(ids: list[str], path: str, data_files: tuple[str, ...] = 
 
     tables = [pq.read_table(f) for f in data_files if os.path.exists(f)]
     if not tables:
-        raise FileNotFoundError(f"none of {data_files} exists (run from the repository root, or `python scripts/make_split.py`)")
+        raise FileNotFoundError(
+            f"none of {data_files} exists (run from the repository root, or `python scripts/make_split.py`)")
     rows = {r["extra_info"]["task_id"]: r for t in tables for r in t.to_pylist()}
     missing = [t for t in ids if t not in rows]
     if missing:
