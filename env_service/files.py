@@ -46,9 +46,18 @@ def _new_file_mode(path: str) -> int:
     try:
         return os.stat(path).st_mode & 0o777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (setting it is not thread-safe)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _fsync_dir(directory: str) -> None:

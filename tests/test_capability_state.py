@@ -160,6 +160,19 @@ def test_state_dict_round_trip_into_new_object():
     assert closed_loop_step(s) == closed_loop_step(other)
 
 
+def test_saved_file_gets_the_mode_a_plain_write_would(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        path = tmp_path / "capability_state.json"
+        _filled_state().save(str(path))
+        assert path.stat().st_mode & 0o777 == 0o644  # not the 0600 of a temporary file
+        path.chmod(0o640)
+        _filled_state().save(str(path))
+        assert path.stat().st_mode & 0o777 == 0o640  # an existing file keeps its mode
+    finally:
+        os.umask(umask)
+
+
 def test_atomic_write_crash_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     path = tmp_path / "capability_state.json"
     old = _filled_state()
