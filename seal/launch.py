@@ -199,6 +199,9 @@ def _check_prompt_budget(config, problems):
     except EnvServiceError as exc:
         problems.append(f"the environment service cannot start an episode of the recipe's data: {exc.message}")
         return
+    except ValueError as exc:  # env_service.bfcl refused by the environment's config validation
+        problems.append(f"env_service.bfcl: {exc}")
+        return
     for prompt in longest.values():
         if prompt.required > budget:
             problems.append(

@@ -141,3 +141,8 @@ def test_padding_removal_is_allowed_when_sequences_stay_apart(overrides, no_pack
 def test_sdpa_packing_is_allowed_where_transformers_separates_packed_sequences(several):
     assert node_checks.transformers_detects_packed_sequences()  # the installed transformers (5.x) does
     assert not _matching(_problems(SEAL, [SDPA, several]), "use_remove_padding")
+
+
+def test_a_bad_environment_block_is_a_preflight_problem_not_a_traceback():
+    problems = _problems(str(ROOT / "exp" / "cpu_tiny.yaml"), ["env_service.bfcl.tool_prompt_mode=nope"])
+    assert _matching(problems, "env_service.bfcl: config key 'tool_prompt_mode'")
