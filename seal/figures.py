@@ -52,7 +52,7 @@ def accuracy_bands(runs: Mapping[str, Mapping[int, Mapping]], path: str) -> str 
             steps = [s for s, _ in points]
             acc = [100 * c.accuracy for _, c in points]
             se = [100 * c.stderr if not math.isnan(c.stderr) else 0.0 for _, c in points]
-            line = ax.plot(steps, acc, marker="o", markersize=3, label=name)[0]
+            line = ax.errorbar(steps, acc, yerr=se, marker="o", markersize=3, capsize=2, label=name).lines[0]
             ax.fill_between(steps, [a - e for a, e in zip(acc, se)], [a + e for a, e in zip(acc, se)],
                             color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_title(column.replace("_", " "))

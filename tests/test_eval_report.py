@@ -91,3 +91,17 @@ def test_turn_log_follows_the_environment_turns():
     turns = log.as_list()
     assert len(turns) == 2 and len(turns[0]) == 3
     assert turns[0][0]["calls"] == [{"name": "ls", "arguments": {}}] and turns[0][1]["calls"] == []
+
+
+def test_a_training_checkpoint_means_its_huggingface_export(tmp_path):
+    from seal.eval.checkpoint import resolve_model
+
+    step = tmp_path / "global_step_4"
+    (step / "actor" / "huggingface").mkdir(parents=True)
+    assert resolve_model(str(step)) == str(step)  # no export yet: the launcher's preflight names the problem
+    (step / "actor" / "huggingface" / "config.json").write_text("{}")
+    assert resolve_model(str(step)) == str(step / "actor" / "huggingface")
+    (step / "huggingface").mkdir()
+    (step / "huggingface" / "config.json").write_text("{}")
+    assert resolve_model(str(step)) == str(step / "huggingface")
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"

@@ -29,6 +29,16 @@ def default_recipe() -> str:
         return CPU_RECIPE
 
 
+def resolve_model(model: str) -> str:
+    """A training checkpoint directory (``global_step_N``, the ``best`` link) means its Hugging Face export
+    (``huggingface/``, written for the best checkpoint, or ``actor/huggingface/``); anything else is taken as is."""
+    if os.path.isdir(model) and not os.path.exists(os.path.join(model, "config.json")):
+        for sub in ("huggingface", os.path.join("actor", "huggingface")):
+            if os.path.exists(os.path.join(model, sub, "config.json")):
+                return os.path.join(model, sub)
+    return model
+
+
 def eval_overrides(model: str | None, val_file: str, results_path: str, out_dir: str,
                    max_model_calls: int | None = None) -> list[str]:
     """Hydra overrides that turn a training recipe into a greedy, validation-only run over ``val_file``."""
@@ -49,7 +59,7 @@ def eval_overrides(model: str | None, val_file: str, results_path: str, out_dir:
         f"++seal.eval.results_path={os.path.abspath(results_path)}",
     ]
     if model:
-        overrides += [f"actor_rollout_ref.model.path={model}", "seal.tiny_model.build=false"]
+        overrides += [f"actor_rollout_ref.model.path={resolve_model(model)}", "seal.tiny_model.build=false"]
     if max_model_calls is not None:
         overrides.append(f"seal.rollout.max_model_calls={int(max_model_calls)}")
     return overrides
