@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--max-tokens", type=int, default=1024, help="tokens per model call")
     api.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
     api.add_argument("--env-url", help="a running environment service (default: one in this process)")
+    api.add_argument("--env-secret-file", help="that service's shared secret (default: $SEAL_ENV_SECRET)")
     api.add_argument("--tool-prompt-mode", default="bfcl_qwen_fc", help="bfcl_qwen_fc or toolace_llama")
     _task_args(api)
     rep = sub.add_parser("report", help="table, failure profile and bfcl score of an existing results file")
@@ -112,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = EndpointSettings(url=args.endpoint, model=args.model, api_key=args.api_key,
                                     max_tokens=args.max_tokens, max_model_calls=args.max_model_calls or 20)
         run_endpoint(_pending(args, results_path), settings, results_path, env_url=args.env_url,
-                     env_params={"tool_prompt_mode": args.tool_prompt_mode}, concurrency=args.concurrency,
-                     progress=not args.no_progress)
+                     env_secret_file=args.env_secret_file, env_params={"tool_prompt_mode": args.tool_prompt_mode},
+                     concurrency=args.concurrency, progress=not args.no_progress)
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 

@@ -117,13 +117,15 @@ def run_episode(task_id: str, generate: Generate, env, env_params: dict, reward:
 
 
 def run_endpoint(task_ids: list[str], settings: EndpointSettings, results_path: str, *, env_url: str | None = None,
-                 env_params: dict | None = None, reward: dict | None = None, concurrency: int = 4,
-                 progress: bool = True) -> int:
+                 env_secret_file: str | None = None, env_params: dict | None = None, reward: dict | None = None,
+                 concurrency: int = 4, progress: bool = True) -> int:
     """Evaluate ``task_ids`` (the caller leaves out finished ones), appending a record as each finishes; returns
     the number of records written."""
     from tqdm import tqdm
 
-    env = make_client(env_url, retries=2)
+    from env_service.auth import resolve_secret
+
+    env = make_client(env_url, retries=2, secret=resolve_secret(secret_file=env_secret_file))
     env_params = env_params or {}
     generate = functools.partial(chat, settings, session=requests.Session())
     source = {"mode": "endpoint", "endpoint": settings.url, "model": settings.model}
