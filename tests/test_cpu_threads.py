@@ -42,6 +42,8 @@ def test_ray_workers_run_torch_with_that_many_threads(monkeypatch, user):
 
         return os.environ["OMP_NUM_THREADS"], torch.get_num_threads()
 
+    if ray.is_initialized():  # a cluster left over by an earlier test has another runtime env
+        ray.shutdown()
     ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
     try:
         assert ray.get(threads.remote()) == (env["OMP_NUM_THREADS"], int(env["OMP_NUM_THREADS"]))
