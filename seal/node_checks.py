@@ -96,9 +96,10 @@ def probe_cuda() -> dict:
     import torch
 
     init_error = None
-    if torch.version.cuda is not None:
+    # only when CUDA is unusable anyway: initialising it in the launcher would hold a context on GPU 0 all run
+    if torch.version.cuda is not None and not torch.cuda.is_available():
         try:
-            torch.cuda.init()
+            torch.cuda.init()  # raises the reason, e.g. "The NVIDIA driver on your system is too old"
         except Exception as exc:
             init_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return {

@@ -89,6 +89,31 @@ def test_cuda_driver_mismatch_is_one_line(probe, expected):
         assert expected in problem and "\n" not in problem
 
 
+def test_probe_reads_the_driver_from_nvidia_smi_and_the_reason_from_cuda_init(monkeypatch, tmp_path):
+    import torch
+
+    smi = tmp_path / "nvidia-smi"  # a stand-in for the real tool, answering the query the probe makes
+    smi.write_text('#!/bin/sh\n[ "$1" = "--query-gpu=driver_version" ] && printf "550.54.15\\n550.54.15\\n"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def init():
+        raise RuntimeError("The NVIDIA driver on your system is too old (found version 12040).\nPlease update")
+
+    monkeypatch.setattr(torch.cuda, "init", init)
+    probe = node_checks.probe_cuda()
+    assert (probe["driver"], probe["init_error"]) == ("550.54.15", "The NVIDIA driver on your system is too old "
+                                                                   "(found version 12040).")
+    assert "needs driver >= 580" in node_checks.cuda_problem(**probe)
+
+
+def test_no_nvidia_smi_means_no_driver_version(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert node_checks.nvidia_driver_version() is None
+
+
 def test_preflight_names_the_driver_mismatch(monkeypatch):
     probe = {"torch_version": "2.11.0+cu130", "torch_cuda": "13.0", "driver": "550.54.15", "init_error": None}
     monkeypatch.setattr(node_checks, "probe_cuda", lambda: probe)
