@@ -44,7 +44,7 @@ QUEUE_TIMEOUT_S = 300.0
 #: Budget of requests that do no backend work (create, close), on top of ``worker_grace_s``.
 SHORT_REQUEST_S = 10.0
 #: The window over which a worker's busy share is measured when placing new episodes.
-BUSY_WINDOW_S = 10.0
+BUSY_WINDOW_S = 5.0
 
 
 class WorkerLost(Exception):
