@@ -22,9 +22,9 @@ from env_service.prompts import OBSERVATION_NOTE
 #: answers with a Python call list ``[f(a=1), g(b="x")]`` (see ``parser.parse_python_calls``).
 TOOL_PROMPT_MODES: tuple[str, ...] = ("bfcl_qwen_fc", "toolace_llama")
 
-#: ``tool_result_mode`` values. ``bfcl_tool_response``: SPEC §2.7 (one user message of
-#: ``<tool_response>`` blocks). ``ipython``: results joined by newlines in one ``ipython``-role message,
-#: the Llama-3.1 convention bfcl's LlamaHandler uses (each result on its own line, no wrapper).
+#: ``tool_result_mode`` values. ``bfcl_tool_response``: one user message of ``<tool_response>`` blocks (the released
+#: environment's format). ``ipython``: one ``ipython``-role message per result, no wrapper — what bfcl's Llama handler
+#: sends (ToolACE-2-8B).
 TOOL_RESULT_MODES: tuple[str, ...] = ("bfcl_tool_response", "ipython")
 
 #: ``reward.mode`` values (SPEC §4.3 plus plain binary).
@@ -285,7 +285,7 @@ class ServiceLimits(_Block):
     message_budget_s: float = _opt(5.0, _float(0.001))
     evaluate_budget_s: float = _opt(10.0, _float(0.001))
     worker_grace_s: float = _opt(5.0, _float(0.0))
-    call_memory_mib: int = _opt(512, _int(minimum=1))  # resident memory one call may add
+    call_memory_mib: int = _opt(256, _int(minimum=1))  # resident memory one call may add
     worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none
     max_steps: int = _opt(100, _int(minimum=1))
     max_calls_per_message: int = _opt(64, _int(minimum=1))
