@@ -92,7 +92,7 @@ class _ClientAPI:
         return result
 
     def step(self, instance_id: str, content: str) -> dict:
-        """One assistant message: ``{"message", "terminated", "info"}``."""
+        """One assistant message: ``{"message", "extra_messages", "terminated", "info"}``."""
         seq = self._seq.current(instance_id)
         result = self._call("step", {"instance_id": instance_id, "content": content, "seq": seq})
         self._seq.advance(instance_id, seq)

@@ -47,6 +47,7 @@ from env_service.executor import (
     ToolCall,
     ToolNotAvailable,
     clip_text,
+    clip_texts,
     state_size,
 )
 from env_service.parser import ParsedMessage, parse_assistant, shown_name
@@ -74,6 +75,9 @@ class StepResult:
     message: dict
     terminated: bool
     info: dict = field(default_factory=dict)
+    # More messages of the same reply: in ``ipython`` mode each tool result is its own message, as bfcl's
+    # Llama handler sends them; empty otherwise.
+    extra_messages: list[dict] = field(default_factory=list)
 
 
 def _tool_name(doc: Mapping) -> str:
@@ -227,7 +231,8 @@ class Episode:
 
     # -- step helpers ---------------------------------------------------------------------------
 
-    def _reply(self, content: str, *, role: str = "user", terminated: bool = False, **info) -> StepResult:
+    def _reply(self, content: str, *, role: str = "user", terminated: bool = False, extra: tuple[str, ...] = (),
+               **info) -> StepResult:
         info = {
             "turn": self._turn,
             "num_turns": len(self._records),
@@ -240,7 +245,8 @@ class Episode:
             "advanced": False,
             **info,
         }
-        return StepResult(message={"role": role, "content": content}, terminated=terminated, info=info)
+        return StepResult(message={"role": role, "content": content}, terminated=terminated, info=info,
+                          extra_messages=[{"role": role, "content": text} for text in extra])
 
     def _error_message(self, error: str, error_type: str = ERROR_PARSE) -> str:
         message = prompts.invalid_tool_call_message(error)
@@ -352,7 +358,7 @@ class Episode:
         first = len(record.calls)
         deadline = time.monotonic() + self.limits.message_budget_s
         room = self.limits.max_reply_bytes  # bytes of results kept in the record for this message
-        pieces, tool_errors, over = [], 0, 0
+        results, tool_errors, over = [], 0, 0  # one rendered text per call (its recovery hint included)
         for call in calls:
             result, stopped = self._run_call(call, deadline)
             if stopped:
@@ -362,21 +368,21 @@ class Episode:
             kept = clip_text(result, max(room, 0))
             room -= len(kept)
             record.exec_results.append(kept)
-            pieces.append(prompts.render_tool_result(result, mode))
+            text = prompts.render_tool_result(result, mode)
             if interface.tool_error_text(result):
                 tool_errors += 1
                 if self._feedback:
-                    pieces.append(
-                        interface.enrich_tool_result(
-                            result, str(call.name), self.tool_names, self.config.tool_feedback_evolution
-                        )
+                    text += interface.enrich_tool_result(
+                        result, str(call.name), self.tool_names, self.config.tool_feedback_evolution
                     )
+            results.append(text)
         state_error = self._check_state(record, first)
-        content = prompts.finish_tool_results("".join(pieces), mode)
-        content = clip_text(content, self.limits.max_reply_bytes) + state_error
+        contents = clip_texts(prompts.tool_result_messages(results, mode), self.limits.max_reply_bytes)
+        contents[-1] += state_error
         error_type = ERROR_BUDGET if over or state_error else ERROR_TOOL if tool_errors else None
         return self._reply(
-            content,
+            contents[0],
+            extra=tuple(contents[1:]),
             role=prompts.tool_result_role(mode),
             error_type=error_type,
             num_calls=len(calls),

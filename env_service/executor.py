@@ -182,6 +182,16 @@ def clip_text(text: str, max_bytes: int) -> str:
            f"returns at most {max_bytes} bytes per reply]"
 
 
+def clip_texts(texts: list[str], max_bytes: int) -> list[str]:
+    """The messages of one reply within ``max_bytes`` together: each keeps what the ones before it left."""
+    clipped, room = [], max_bytes
+    for text in texts:
+        kept = clip_text(text, max(room, 0))
+        room -= len(kept.encode("utf-8", "surrogatepass"))
+        clipped.append(kept)
+    return clipped
+
+
 _NODE_BYTES = 64  # a rough per-object overhead: makes a state of many tiny objects count for something
 _SCALAR_BYTES = 8
 

@@ -563,7 +563,7 @@ class EpisodeManager:
     # -- step ----------------------------------------------------------------------------------
 
     def step(self, instance_id: Any, content: Any, seq: Any = None) -> dict:
-        """Apply one assistant message; returns ``{"message", "terminated", "info"}``.
+        """Apply one assistant message; returns ``{"message", "extra_messages", "terminated", "info"}``.
 
         ``seq`` (optional): the 0-based index of this step. A retry of the step just applied is
         answered from cache; any other mismatch is a 409 naming the expected value.
@@ -610,7 +610,8 @@ class EpisodeManager:
         info = dict(result.info or {})
         info.setdefault("step", slot.steps)
         return _json_safe(
-            {"message": result.message, "terminated": bool(result.terminated), "info": info}
+            {"message": result.message, "extra_messages": result.extra_messages,
+             "terminated": bool(result.terminated), "info": info}
         )
 
     # -- evaluate / release --------------------------------------------------------------------

@@ -185,9 +185,15 @@ def tool_result_role(mode: str) -> str:
     return "ipython" if mode == "ipython" else "user"
 
 
-def finish_tool_results(text: str, mode: str) -> str:
-    """Final touch on the concatenated results: ``ipython`` drops the last newline (a message, not a log)."""
-    return text[:-1] if mode == "ipython" and text.endswith("\n") else text
+def tool_result_messages(results: list[str], mode: str) -> list[str]:
+    """The reply's messages from the rendered results of one assistant message.
+
+    ``bfcl_tool_response``: one message, the results concatenated. ``ipython``: one message per result without
+    its trailing newline, as bfcl's Llama handler sends each execution result as its own ``ipython`` turn.
+    """
+    if mode == "ipython":
+        return [text[:-1] if text.endswith("\n") else text for text in results]
+    return ["".join(results)]
 
 
 __all__ = [
@@ -196,12 +202,12 @@ __all__ = [
     "INVALID_TOOL_CALL_PREFIX",
     "OBSERVATION_NOTE",
     "PYTHON_SYNTAX_HINT",
-    "finish_tool_results",
     "invalid_tool_call_message",
     "qwen_fc_tools_prompt",
     "render_tool_result",
     "reveal_message",
     "system_content",
+    "tool_result_messages",
     "tool_result_role",
     "tools_system_prompt",
     "toolace_tools_prompt",

@@ -125,6 +125,7 @@ class CreateResponse(BaseModel):
 
 class StepResponse(BaseModel):
     message: dict[str, Any]
+    extra_messages: list[dict[str, Any]] = []  # ipython mode: one message per tool result
     terminated: bool
     info: dict[str, Any]
 

@@ -110,8 +110,7 @@ def _handle(episode_mod, tasks, episodes: dict, limits: ServiceLimits, op: str, 
         episodes[key] = episode
         return messages, episode.info
     if op == "step":
-        result = episodes[key].step(*args)
-        return result.message, result.terminated, result.info
+        return episodes[key].step(*args)  # a StepResult (a plain dataclass: it pickles)
     if op == "evaluate":
         return episodes[key].evaluate(*args)
     if op == "close":
@@ -336,13 +335,10 @@ class RemoteEpisode:
         return self._messages
 
     def step(self, assistant_text: str):
-        from env_service.episode import StepResult
-
         budget = self._pool.limits.message_budget_s
-        message, terminated, info = self._pool._request(self._worker, self._generation, budget, "step",
-                                                        self._key, assistant_text)
-        self.terminated = terminated
-        return StepResult(message=message, terminated=terminated, info=info)
+        result = self._pool._request(self._worker, self._generation, budget, "step", self._key, assistant_text)
+        self.terminated = result.terminated
+        return result
 
     def evaluate(self, reward_cfg=None) -> dict:
         budget = self._pool.limits.evaluate_budget_s

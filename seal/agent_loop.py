@@ -38,6 +38,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from env_service.client import EnvServiceError, make_client
 from env_service.vocabulary import mode_for_split, task_category
 from seal.env_failures import FAILED_KEY
+from seal.env_services import service_for_this_node
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +55,17 @@ class PromptTooLong(EpisodeFailed):
     """The first prompt does not fit ``rollout.prompt_length``: retrying cannot help."""
 
 
-def env_client(url: str, timeout_s: float, retries: int):
-    """One HTTP client per worker process and URL: keeps the connection pool warm across trajectories."""
-    key = (url, timeout_s, retries)
+def env_client(env_cfg):
+    """One client per worker process and service (``config.env_service``): keeps the connection pool warm.
+
+    The service is this node's when the launcher started one per node; the client names the run (failure
+    profiles are per run) and carries the run's secret.
+    """
+    url, secret = service_for_this_node(env_cfg)
+    key = (url, float(env_cfg.timeout_s), int(env_cfg.retries), env_cfg.get("run_id"))
     if key not in _CLIENTS:
-        _CLIENTS[key] = make_client(url, timeout_s=timeout_s, retries=retries)
+        _CLIENTS[key] = make_client(url, run_id=env_cfg.get("run_id"), secret=secret,
+                                    timeout_s=float(env_cfg.timeout_s), retries=int(env_cfg.retries))
     return _CLIENTS[key]
 
 
@@ -100,7 +107,7 @@ class BfclAgentLoop(AgentLoopBase):
         self.max_tokens_per_call = int(seal_cfg.rollout.max_tokens_per_call or self.response_length)
         self.env_params = _to_container(env_cfg.bfcl)
         self.reward_params = _to_container(seal_cfg.reward)
-        self.env = env_client(env_cfg.url, float(env_cfg.timeout_s), int(env_cfg.retries))
+        self.env = env_client(env_cfg)
         self.eos_id = end_of_turn_id(self.tokenizer, seal_cfg.rollout.end_of_turn_token)
         # ``python -m seal.eval``: one record per episode in this results file (off in training)
         self.results_path = (seal_cfg.get("eval") or {}).get("results_path")
@@ -164,10 +171,10 @@ class BfclAgentLoop(AgentLoopBase):
             if step["terminated"]:
                 traj.termination = "completed"
                 return
-            content = step["message"]["content"]
+            reply = [step["message"], *step.get("extra_messages", [])]  # ipython mode: one per tool result
             if step["info"]["error_type"] is not None:  # the service says why the reply is an error
-                traj.env_errors.append(content[:ERROR_TEXT_CHARS])
-            await self._append_env_message(traj, content, step["message"].get("role", "user"))
+                traj.env_errors.append("\n".join(m["content"] for m in reply)[:ERROR_TEXT_CHARS])
+            await self._append_env_messages(traj, reply)
 
     async def _generate(self, traj: Trajectory, sampling_params: dict, metrics: dict) -> str:
         params = {**sampling_params, "max_tokens": self.max_tokens_per_call}
@@ -197,10 +204,13 @@ class BfclAgentLoop(AgentLoopBase):
         traj.messages.append({"role": "assistant", "content": text})
         return text
 
-    async def _append_env_message(self, traj: Trajectory, content: str, role: str = "user") -> None:
+    async def _append_env_messages(self, traj: Trajectory, reply: list[dict]) -> None:
         previous = list(traj.messages)
-        # The environment names the role (``ipython`` for Llama-3.1 tool results); the chat template renders it.
-        traj.messages.append({"role": role, "content": self._clip_env_text(content)})
+        for message in reply:
+            # Llama-3.1 tool results (env role ``ipython``) go in as ``tool`` messages: verl's token builder appends
+            # only tool/user/system/assistant roles, and a Llama-3.1 template renders ``tool`` as the ipython turn.
+            role = "tool" if message.get("role") == "ipython" else "user"
+            traj.messages.append({"role": role, "content": self._clip_env_text(message["content"])})
         merge, mask, logprobs = await self.ct_merge_context_msg(
             previous,
             traj.messages,

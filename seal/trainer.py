@@ -36,6 +36,8 @@ from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats, plot_over_steps
 from seal.env_failures import regroup_without_failed, split_validation_failures
+from seal.agent_loop import env_client
+from seal.env_services import profile_client
 from seal.validation import BestCheckpoint, category_accuracies, category_average, validation_table
 
 logger = logging.getLogger(__name__)
@@ -118,13 +120,13 @@ class SealTrainer(RayPPOTrainer):
 
     def _push_failure_profile(self) -> None:
         """Capability cues: the next rollouts' train-only guidelines follow this step's failure profile."""
-        from seal.agent_loop import env_client
-
         env = self.config.env_service
-        try:
-            env_client(env.url, float(env.timeout_s), int(env.retries)).set_profile(
-                self.state.failure_profile(per_category=bool(env.bfcl.capability_cues.per_category))
-            )
+        profile = self.state.failure_profile(per_category=bool(env.bfcl.capability_cues.per_category))
+        try:  # to every node's service when the launcher runs one per node, else through the cached client
+            nodes = env.get("nodes")
+            client = profile_client(env, env.get("run_id"), timeout_s=float(env.timeout_s), retries=int(env.retries)) \
+                if nodes else env_client(env)
+            client.set_profile(profile)
         except Exception as exc:  # cues are an interface aid: a failed push must not stop training
             logger.warning("could not push the failure profile to the environment service: %s", exc)
 

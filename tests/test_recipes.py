@@ -201,8 +201,10 @@ def test_backbone_variants_swap_only_the_model_and_its_format():
     for name, changed in {
         "qwen2.5_3b": {"actor_rollout_ref.model.path"},
         # ToolACE's tool docs need a longer prompt budget and, by as much, a longer context (tests/test_prompt_budget.py)
+        # ... and bfcl's Llama format: its prompt template, ipython tool results, <|eot_id|> ending a turn
         "toolace2_8b": {"actor_rollout_ref.model.path", "env_service.bfcl.tool_prompt_mode", "data.max_prompt_length",
-                        "actor_rollout_ref.rollout.max_model_len"},
+                        "actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.model.custom_chat_template",
+                        "env_service.bfcl.tool_result_mode", "seal.rollout.end_of_turn_token"},
     }.items():
         served = "actor_rollout_ref.rollout.prometheus.served_model_name"  # verl derives it from model.path
         changed = changed | {served}

@@ -129,7 +129,7 @@ def test_epoch_change_dumps_and_resets_the_window(tmp_path):
 def test_capability_cues_receive_the_failure_profile(tmp_path):
     trainer = make_trainer(tmp_path, "env_service.bfcl.capability_cues.enable=true")
     trainer._seal_step(make_batch(ROWS)[0])
-    profile = env_client("inprocess", 120.0, 3).get_profile()["profile"]
+    profile = env_client(trainer.config.env_service).get_profile()["profile"]
     assert profile["tags"]["state_mismatch"]["count"] == 1
 
 
