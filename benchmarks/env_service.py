@@ -294,7 +294,9 @@ def report(figures: dict) -> str:
         f"hostile neighbour ({hostile['hostile_messages']} budget-busting messages, mean "
         f"{hostile['hostile_mean_s']:.2f} s each, message budget {hostile['budget_s']:g} s): innocent step "
         f"p50 {hostile['p50_s'] * 1000:.0f} ms, p99 {hostile['p99_s']:.2f} s = {hostile['p99_over_budget']:.2f}x "
-        f"the budget (target <= {LATENCY_TARGET:g}x: {'MET' if latency_ok else 'MISSED'}); innocent episodes "
+        f"the budget (target <= {LATENCY_TARGET:g}x: {'MET' if latency_ok else 'MISSED'}), "
+        f"worst {hostile['max_s']:.2f} s "
+        f"(new episodes avoid the hogged worker; one already there waits behind one message); innocent episodes "
         f"valid {hostile['innocent_valid']}/{hostile['innocent_episodes']}; worker restarts "
         f"{hostile['worker_restarts']}",
         "",
