@@ -110,7 +110,7 @@ class BfclAgentLoop(AgentLoopBase):
         self.env = env_client(env_cfg)
         self.eos_id = end_of_turn_id(self.tokenizer, seal_cfg.rollout.end_of_turn_token)
         # ``python -m seal.eval``: one record per episode in this results file (off in training)
-        self.results_path = (seal_cfg.get("eval") or {}).get("results_path")
+        self.results_path = seal_cfg.eval.results_path
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         extra = kwargs["extra_info"]

@@ -416,8 +416,21 @@ def apply_apatch(
         f"{p}/dynamic_enabled": 1.0 if dynamic_on else 0.0,
     }
     metrics.update(_tag_fractions(rows, p))
+    metrics.update(_scale_quantiles([scales[i] for i in tagged], p))
     metrics.update({f"{p}/tag_weight/{t}": float(w) for t, w in sorted(weights.items())})
     return out, metrics
+
+
+SCALE_QUANTILES = {"min": 0.0, "p10": 0.10, "p25": 0.25, "p50": 0.50, "p75": 0.75, "p90": 0.90, "max": 1.0}
+
+
+def _scale_quantiles(scales: Sequence[float], prefix: str) -> dict[str, float]:
+    """The distribution of the applied scales over the tagged trajectories (``<prefix>/scale/<quantile>``)."""
+    if not scales:
+        return {}
+    values = torch.quantile(torch.tensor(scales, dtype=torch.float64), torch.tensor(list(SCALE_QUANTILES.values()),
+                                                                                   dtype=torch.float64))
+    return {f"{prefix}/scale/{name}": float(v) for name, v in zip(SCALE_QUANTILES, values.tolist())}
 
 
 def _tag_fractions(rows: Sequence[Sequence[str]], prefix: str) -> dict[str, float]:

@@ -60,7 +60,6 @@ class DiagnosticStats:
         self.errors: Counter[str] = Counter()
         self.last_epoch: int | str | None = None
         self.last_step: int | None = None
-        self.weight_history: list[tuple[int, dict[str, float]]] = []
         self.failed_skipped = 0  # window count of failed episodes left out of the statistics
 
     # ------------------------------------------------------------------ observation
@@ -88,10 +87,6 @@ class DiagnosticStats:
             self.state.observe(category, task_id, reward, success, traj.get(self.drive_field), epoch, global_step)
             for text in traj.get("env_texts") or ():
                 self.errors.update(find_errors(str(text)))
-
-    def record_weights(self, global_step: int, weights: Mapping[str, float]) -> None:
-        """Remember the weights A-Patch used at a step (for `plot_over_steps`)."""
-        self.weight_history.append((int(global_step), {str(k): float(v) for k, v in weights.items()}))
 
     # ------------------------------------------------------------------ read-outs
     def metrics(self) -> dict[str, float]:

@@ -13,12 +13,11 @@ import math
 import os
 from collections.abc import Mapping
 
+from seal.apatch import SCALE_QUANTILES  # per-step quantiles of the scales (``seal/apatch/scale/<q>``)
 from seal.diagnostics import plot_over_steps
 
 PANELS = ("average", "base", "miss_func", "miss_param", "long_context")
 APATCH = "seal/apatch"
-#: Per-step quantiles of the A-Patch scales, when the trainer logs them (``seal/apatch/scale/<q>``).
-SCALE_QUANTILES = ("min", "p10", "p25", "p50", "p75", "p90", "max")
 
 
 def _figure(width: float, height: float):

@@ -34,11 +34,12 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from env_service.files import atomic_write_json
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
-from seal.diagnostics import DiagnosticStats, plot_over_steps
+from seal.diagnostics import DiagnosticStats
 from seal.env_failures import regroup_without_failed, split_validation_failures
 from seal.agent_loop import env_client
 from seal.env_services import profile_client
-from seal.validation import BestCheckpoint, category_accuracies, category_average, validation_table
+from seal.figures import run_figures
+from seal.validation import BestCheckpoint, category_average, validation_table
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,6 @@ class SealTrainer(RayPPOTrainer):
         self.run_uid = uuid.uuid4().hex  # a resumed run takes its own back from the checkpoint
         self.best.bind_run(self.run_uid)
         self.epoch_in_window: int | None = None
-        self.validation_history: dict[int, dict[str, float]] = {}
 
     # ---- the SEAL step ---------------------------------------------------------------------------
 
@@ -97,10 +97,6 @@ class SealTrainer(RayPPOTrainer):
             )
             batch.batch["advantages"] = advantages
             metrics.update(apatch_metrics)
-            prefix = f"{self.apatch_cfg.metric_prefix}/tag_weight/"
-            used = {k[len(prefix):]: v for k, v in apatch_metrics.items() if k.startswith(prefix)}
-            if used:
-                self.stats.record_weights(self.global_steps, used)
         if self.diagnosis_enabled and self.config.env_service.bfcl.capability_cues.enable:
             self._push_failure_profile()
         return metrics
@@ -141,7 +137,6 @@ class SealTrainer(RayPPOTrainer):
         print(table)
         with open(os.path.join(self._run_dir(), "validation_table.txt"), "w") as f:  # the latest, per category
             f.write(table + "\n")
-        self.validation_history[self.global_steps] = category_accuracies(metrics)
         metrics.update(self.best.observe(self, metrics))
         return metrics
 
@@ -188,13 +183,9 @@ class SealTrainer(RayPPOTrainer):
         if self.diagnosis_enabled and self.epoch_in_window is not None:
             self._finalize_epoch(self.epoch_in_window)
         self.best.finish()
-        if self.stats.weight_history:
-            plot = plot_over_steps(self.stats.weight_history, os.path.join(self.config.seal.diagnosis.dump_dir, "tag_weights.png"))
-            print(f"[seal] A-Patch tag weights over training: {plot}")
-        if self.validation_history:
-            plot = plot_over_steps(self.validation_history, os.path.join(self._run_dir(), "validation_accuracy.png"),
-                                   title="held-out accuracy per category", ylabel="accuracy", reference=None)
-            print(f"[seal] validation accuracy over training: {plot}")
+        # drawn from what the run logged: accuracy per category with SE bands, tag shares, A-Patch weights and scales
+        for plot in run_figures(self._run_dir()):
+            print(f"[seal] figure: {plot}")
 
 
 # ---- batch views ---------------------------------------------------------------------------------

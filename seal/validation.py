@@ -31,18 +31,6 @@ def category_average(metrics: dict) -> dict:
     return {AVERAGE_KEY: float(sum(values) / len(values)), "val-aux/average/num_categories": len(values)}
 
 
-def category_accuracies(metrics: dict) -> dict[str, float]:
-    """Accuracy per category (short names) plus the average, for plotting over validations."""
-    acc = {
-        short_category(c): float(metrics[f"val-core/{c}/reward/mean@1"])
-        for c in CATEGORY_NAMES
-        if f"val-core/{c}/reward/mean@1" in metrics
-    }
-    if AVERAGE_KEY in metrics:
-        acc["average"] = float(metrics[AVERAGE_KEY])
-    return acc
-
-
 def validation_table(metrics: dict, step: int) -> str:
     """A per-category accuracy table (percent), the form of the paper's Table 2."""
     rows = [f"validation @ step {step}", f"{'category':<28}{'accuracy %':>12}{'progress':>10}"]

@@ -150,6 +150,17 @@ def test_scales_clip_exclusions_missing_rows():
     assert m["seal/apatch/tag_frac/checker_error"] == pytest.approx(2 / n_occ)  # excluded tags still counted
 
 
+def test_scale_distribution_is_logged_over_tagged_rows():
+    c = static_cfg(min_scale=0.7, max_scale=1.9, tag_weights={"spurious_tool_call": 2.5})
+    w = resolve_weights(c)
+    tagged = sorted(ref_scale(r, w, 0.7, 1.9) for r in ROWS if r)
+    _, m = apply_apatch(torch.zeros(len(ROWS), 2), ROWS, c, global_step=3)
+    assert m["seal/apatch/scale/min"] == pytest.approx(tagged[0])
+    assert m["seal/apatch/scale/max"] == pytest.approx(tagged[-1])
+    assert m["seal/apatch/scale/p50"] == pytest.approx(float(np.median(tagged)))
+    assert m["seal/apatch/scale/p25"] == pytest.approx(float(np.percentile(tagged, 25)))
+
+
 @pytest.mark.parametrize("mode", ["all", "positive_advantage", "negative_advantage"])
 def test_apply_to_modes(mode):
     rows = [["spurious_tool_call"], ["instance_mismatch"], ["pass", "correct_abstention", "pass"]]

@@ -172,10 +172,9 @@ def test_bad_vocabulary():
 
 
 def test_plot_over_steps_png(tmp_path):
-    d = DiagnosticStats()
-    for step in range(1, 6):
-        d.record_weights(step, {"pass": 1.0, "spurious_tool_call": 2.0 - 0.1 * step, "new": 1.0 + 0.05 * step})
-    path = plot_over_steps(d.weight_history, str(tmp_path / "plots" / "w.png"))
+    history = [(step, {"pass": 1.0, "spurious_tool_call": 2.0 - 0.1 * step, "new": 1.0 + 0.05 * step})
+               for step in range(1, 6)]
+    path = plot_over_steps(history, str(tmp_path / "plots" / "w.png"))
     with open(path, "rb") as f:
         head = f.read(8)
     assert head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000
