@@ -300,7 +300,6 @@ def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None
         "seal_category": category or evaluation.get("category") or task_category(task_id),
         "seal_tags": list(evaluation.get("tags", [])),
         "seal_labels": list(evaluation.get("labels", [])),
-        "seal_progress": float(evaluation.get("progress", 0.0)),
         "seal_model_calls": calls,
         "seal_termination": termination,
         "seal_env_errors": [],

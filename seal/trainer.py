@@ -79,6 +79,8 @@ class SealTrainer(RayPPOTrainer):
         """Diagnose → update the capability state → A-Patch, on the batch verl is about to train on."""
         trajectories = batch_trajectories(batch)
         metrics = rollout_metrics(trajectories)
+        for error in sorted({t["error"] for t in trajectories if t["failed"]}):
+            logger.warning("step %d: episodes failed on the environment side: %s", self.global_steps, error)
         if self.config.algorithm.adv_estimator == "grpo":  # failed episodes leave their group's statistics
             regroup_without_failed(batch, bool(self.config.algorithm.norm_adv_by_std_in_grpo))
         if self.diagnosis_enabled:
@@ -209,6 +211,8 @@ def batch_trajectories(batch) -> list[dict]:
                 "failed": failed,
                 "termination": nt["seal_termination"][i],
                 "model_calls": int(nt["seal_model_calls"][i]),
+                "response_truncated": bool(nt["seal_response_truncated"][i]),
+                "error": str(nt["seal_error"][i]),
             }
         )
     return rows
@@ -220,6 +224,8 @@ def rollout_metrics(trajectories: list[dict]) -> dict:
         "seal/rollout/failed_episodes": sum(t["failed"] for t in trajectories),
         "seal/rollout/model_calls_mean": float(np.mean([t["model_calls"] for t in trajectories])) if trajectories else 0.0,
         "seal/rollout/reward_mean": float(np.mean([t["reward"] for t in trajectories])) if trajectories else 0.0,
+        # episodes longer than rollout.response_length: their tail is cut from the loss (raise it if this grows)
+        "seal/rollout/response_truncated": sum(t["response_truncated"] for t in trajectories) / n,
     }
     for reason in sorted({t["termination"] for t in trajectories}):
         metrics[f"seal/rollout/termination/{reason}"] = sum(t["termination"] == reason for t in trajectories) / n

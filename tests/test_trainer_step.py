@@ -61,6 +61,8 @@ def make_batch(rows, response_len=6):
             "seal_failed": np.array([r[4] for r in rows], dtype=object),
             "seal_termination": np.array(["completed"] * n, dtype=object),
             "seal_model_calls": np.array([3] * n, dtype=object),
+            "seal_response_truncated": np.array([False] * (n - 1) + [True], dtype=object),
+            "seal_error": np.array(["env down" if r[4] else "" for r in rows], dtype=object),
         },
     ), advantages
 
@@ -138,6 +140,13 @@ def test_batch_trajectories_reads_the_agent_loop_fields():
     rows = batch_trajectories(batch)
     assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0, 0.0]
     assert rows[3]["labels"] == ["missing_tool_call"] and rows[4]["failed"] is True
+    assert rows[4]["error"] == "env down" and [r["response_truncated"] for r in rows] == [False] * 4 + [True]
+
+
+def test_rollout_metrics_count_cut_responses_and_failures(tmp_path):
+    metrics = make_trainer(tmp_path)._seal_step(make_batch(ROWS)[0])
+    assert metrics["seal/rollout/response_truncated"] == pytest.approx(1 / len(ROWS))
+    assert metrics["seal/rollout/failed_episodes"] == 1
 
 
 @pytest.fixture(autouse=True)
