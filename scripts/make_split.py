@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Write the SEAL data split (SPEC A4) and the verl RL datasets.
+"""Write the SEAL data split (docs/method.md: 400 train / 400 held-out, 100 + 100 per category) and the verl RL datasets.
 
 Outputs (under ``--out-dir``, default ``data/``):
 
 * ``split.json``: seed, rule, per-split indices and task ids (train / val / test / heldout).
 * ``bfcl_train.parquet``: the 400 train tasks, category-major then index.
 * ``bfcl_heldout.parquet``: the 400 held-out tasks, all val rows (category-major) then all test rows
-  (SPEC §7.1 order).
+  (the released split's order).
 * ``cpu_tiny_train.parquet`` / ``cpu_tiny_heldout.parquet``: the embedded CPU recipe's tasks (see below).
 * ``gpu_smoke_heldout.parquet``: the GPU smoke recipe's validation tasks (see below).
 

@@ -157,7 +157,7 @@ def test_model_call_limit_is_enforced(tiny_dir, tokenizer):
 
 
 def test_context_budget_stops_the_episode(tiny_dir, tokenizer, rollout):
-    """Before each call the context must stay below max_model_len - response_length (SPEC B §5.3)."""
+    """Before each call the context must stay below max_model_len - response_length (the released recipe's rule)."""
     prompt_len = len(rollout[2].prompt_ids)
     config = make_config(**{"actor_rollout_ref.rollout.max_model_len": prompt_len + 256 + 10})
     server = RecordingServer(HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=4096, response_length=256)))

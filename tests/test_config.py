@@ -7,7 +7,7 @@ import pytest
 from env_service.config import EnvConfig, RewardBlockConfig
 from env_service.prompts import OBSERVATION_NOTE
 
-RECIPE_BLOCK = {  # SPEC B §1.2: exp/SEAL.yaml's env_service.bfcl
+RECIPE_BLOCK = {  # exp/SEAL.yaml's env_service.bfcl (the released recipe's values)
     "strict_tool_parser": True,
     "enforce_available_tools": True,
     "tool_prompt_mode": "bfcl_qwen_fc",

@@ -1,4 +1,4 @@
-"""Episode mechanics (SPEC B §2.4–§2.7), the exact texts the model sees, the train-only interface in an
+"""Episode mechanics (as the released environment runs them), the exact texts the model sees, the train-only interface in an
 episode, and ground-truth replay through the whole pipeline (all 800 tasks, ~2 s)."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_qwen_fc_prompt_is_bfcl_qwen_fc_tool_block(base0):
         {"role": "system", "content": expected},
         {"role": "user", "content": base0.question[0][0]["content"]},
     ]
-    assert "Python 3 syntax" not in expected  # no language hint in the system prompt (SPEC §2.4.4)
+    assert "Python 3 syntax" not in expected  # no language hint in the system prompt
     assert tools_system_prompt([], "bfcl_qwen_fc") == "" and tools_system_prompt([], "toolace_llama") == ""
 
 

@@ -1,4 +1,4 @@
-"""Train-only interface: gating, observation-lite (SPEC §2.5), recovery feedback (§2.9), capability cues."""
+"""Train-only interface: gating, observation-lite, recovery feedback, capability cues."""
 
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ def test_diagnose_tool_error(error, expected):
 
 
 def test_diagnose_order_first_match_wins():
-    # "No such directory" and "you cannot use path" both present: the path hint comes first (SPEC order)
+    # "No such directory" and "you cannot use path" both present: the path hint comes first (the released order)
     hint = diagnose_tool_error("cd", "cd: tmp: No such directory. You cannot use path to change directory.")
     assert hint.startswith("The path given to `cd`")
 

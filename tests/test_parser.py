@@ -1,4 +1,4 @@
-"""Parser tests: SPEC B §2.6 rules and exact error texts, the linear matcher's equivalence with upstream's
+"""Parser tests: the released environment's rules and exact error texts, the linear matcher's equivalence with upstream's
 regular expression, robustness on hostile input, and the Python call-list parser (toolace_llama)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def json_error(text: str) -> str:
     raise AssertionError("expected invalid JSON")
 
 
-# --- SPEC §2.6 exact texts -----------------------------------------------------------------------
+# --- exact error texts -----------------------------------------------------------------------
 
 
 def test_error_texts_are_specs():

@@ -1,4 +1,4 @@
-"""Every recipe in exp/ composes; SEAL.yaml carries SPEC B §1.2's values; ablations differ only by SPEC A3's switches."""
+"""Every recipe in exp/ composes; SEAL.yaml carries the released recipe's values; ablations differ only by their switches."""
 
 from pathlib import Path
 
@@ -10,9 +10,9 @@ from seal.launch import PreflightError, compose_recipe, preflight
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "exp").glob("*.yaml"))
 
-# SPEC B §1.2 key (upstream name) -> (our key, expected effective value). Keys upstream had but that configure
+# The released recipe's key (upstream name) -> (our key, expected effective value). Keys upstream had but that configure
 # nothing in our stack are listed in NOT_APPLICABLE with the reason.
-SPEC_VALUES = {
+RELEASED_RECIPE = {
     "data.train_batch_size": ("data.train_batch_size", 32),
     "data.val_batch_size": ("data.val_batch_size", 400),
     "data.max_prompt_length": ("data.max_prompt_length", 8192),
@@ -133,11 +133,11 @@ NOT_APPLICABLE = {
     "rollout.max_env_worker / thread_pool.max_workers": "episodes are asyncio coroutines in verl's agent-loop workers",
     "rollout.context_template / use_qwen3 / sparse / debug_llm_io": "upstream token-builder switches; verl's Continuous Token builder",
     "task_manager.*": "synthetic-task machinery, inactive in the recipe (n 0, ratio 0.0)",
-    "trainer.best_checkpoint_metric": "null upstream = multi_turn_base accuracy; ours is the 4-category average (SPEC A5.4)",
+    "trainer.best_checkpoint_metric": "null upstream = multi_turn_base accuracy; ours is the 4-category average (docs/upstream-differences.md)",
     "trainer.rollout_data_dir / validation_data_dir": "same role, under experiments/<experiment_name>/",
 }
 
-# SPEC A3: the switches each ablation flips relative to full SEAL (plus its experiment name and derived paths).
+# The paper's ablations: the switches each ablation flips relative to full SEAL (plus its experiment name and derived paths).
 ABLATIONS = {
     "vanilla_rl": {"env_service.bfcl.observation_lite.enable": False, "seal.diagnosis.enable": False,
                    "seal.apatch.enable": False, "seal.apatch.dynamic.enable": False},
@@ -172,15 +172,15 @@ def test_every_recipe_composes_and_resolves(recipe):
     assert container["trainer"]["use_v1"] is False
 
 
-def test_seal_recipe_has_every_spec_value():
+def test_seal_recipe_has_every_released_value():
     cfg = flatten(resolved("SEAL"))
     whole = resolved("SEAL")
     mismatches = {}
-    for spec_key, (our_key, expected) in SPEC_VALUES.items():
+    for released_key, (our_key, expected) in RELEASED_RECIPE.items():
         actual = OmegaConf.select(OmegaConf.create(whole), our_key)
         actual = OmegaConf.to_container(actual) if OmegaConf.is_config(actual) else actual
         if actual != expected:
-            mismatches[spec_key] = (our_key, actual, expected)
+            mismatches[released_key] = (our_key, actual, expected)
     assert not mismatches, mismatches
     assert cfg["data.train_files"] == "data/bfcl_train.parquet"
 

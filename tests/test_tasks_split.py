@@ -1,4 +1,4 @@
-"""Tasks, the SPEC A4 split and the committed verl datasets (data/)."""
+"""Tasks, the 400/400 split and the committed verl datasets (data/)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from env_service.tasks import (
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
 
-# SPEC §7.2, quoted verbatim.
+# The released split procedure, quoted verbatim.
 BASE_TRAIN_PREFIX = [0, 2, 3, 5, 10, 12, 13, 14, 15, 16, 18, 19, 27]
 BASE_VAL = [4, 9, 21, 29, 34, 48, 77, 81, 82, 98, 99, 120, 124, 127, 131, 132, 134, 138, 149, 164, 169, 174, 178, 183, 198]
 PYTHON_HINT = "Note that the provided function is in Python 3 syntax"
@@ -128,7 +128,7 @@ def test_split_indices_follow_spec_rule():
     order = list(range(200))
     saved = random.getstate()
     try:
-        random.seed(42)  # SPEC: equivalently random.seed(42); random.shuffle(l)
+        random.seed(42)  # the released procedure: equivalently random.seed(42); random.shuffle(l)
         random.shuffle(order)
     finally:
         random.setstate(saved)
