@@ -199,7 +199,7 @@ class Driver:
             self.failures.append(f"{ascii(message[:120])} -> {error.status}: {error.message}")
             self._finish()  # the episode may be inconsistent: evaluate (must not crash) and drop it
             return
-        assert set(result) == {"message", "terminated", "info"}
+        assert set(result) == {"message", "extra_messages", "terminated", "info"}
         assert isinstance(result["message"]["content"], str)
         self.outcomes["ok"] += 1
         if result["terminated"]:
