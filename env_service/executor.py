@@ -157,6 +157,8 @@ def time_limit(seconds: float | None, memory_bytes: int | None = None):
             return
         raise _Interrupted
 
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)  # e.g. a test runner's own alarm
+    started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, on_tick)
     signal.setitimer(signal.ITIMER_REAL, min(max(float(seconds), 1e-4), _TICK_S), _TICK_S)
     try:
@@ -168,6 +170,9 @@ def time_limit(seconds: float | None, memory_bytes: int | None = None):
         armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_delay:  # give the outer alarm back what is left of it
+            signal.setitimer(signal.ITIMER_REAL, max(outer_delay - (time.monotonic() - started), 1e-3),
+                             outer_interval)
     if why:
         raise CallOverBudget(why)
 

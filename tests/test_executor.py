@@ -481,3 +481,25 @@ def test_state_size_counts_shared_objects_once_and_stops_at_its_limit():
     for _ in range(100_000):
         chain = [chain, "z" * 10]
     assert 10_000 < state_size(chain, 10_000) < 10_200  # the walk stops right after the limit
+
+
+def test_time_limit_gives_an_outer_alarm_back():
+    """A test runner's (or any caller's) own SIGALRM timer keeps running across a budgeted call."""
+    import signal
+    import time
+
+    from env_service.executor import time_limit
+
+    fired: list[float] = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(time.monotonic()))
+    try:
+        started = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.6)
+        with time_limit(5.0):
+            time.sleep(0.1)
+        assert 0.3 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.5
+        time.sleep(1.0)
+        assert fired and 0.5 < fired[0] - started < 1.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
