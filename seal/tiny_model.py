@@ -8,6 +8,7 @@ small enough to train on 2 CPU cores. ``model_type`` stays ``qwen2`` so verl pic
 continuous-token builder (which needs ``"\\n"`` to be a single token, true for this BPE).
 
     python -m seal.tiny_model --out outputs/tiny-qwen
+    python -m seal.tiny_model --out outputs/tiny-qwen-h128 --shape vllm_cpu
 """
 
 from __future__ import annotations
@@ -122,6 +123,12 @@ MODEL_SPEC = {
     "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,
 }
+# Named shapes (config key `seal.tiny_model.shape`). vLLM's CPU attention supports head sizes >= 32 only, so
+# the vLLM-CPU recipe's model is twice as wide (head_dim 128 / 4 = 32); the default stays as small as possible.
+SHAPES = {
+    "default": MODEL_SPEC,
+    "vllm_cpu": {**MODEL_SPEC, "hidden_size": 128, "intermediate_size": 256},
+}
 
 
 def qwen_tiktoken_path() -> Path:
@@ -147,7 +154,7 @@ def build_tokenizer():
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         chat_template=CHAT_TEMPLATE,
-        model_max_length=MODEL_SPEC["max_position_embeddings"],
+        model_max_length=MODEL_SPEC["max_position_embeddings"],  # the same in every shape
         clean_up_tokenization_spaces=False,
     )
     _check_token_ids(tokenizer)
@@ -163,12 +170,12 @@ def _check_token_ids(tokenizer) -> None:
             raise RuntimeError(f"token {name!r} got id {got}, expected {FIRST_ADDED_ID + offset}")
 
 
-def build_model(seed: int = 0):
-    """Random-init Qwen2ForCausalLM; identical weights for identical seeds."""
+def build_model(seed: int = 0, shape: str = "default"):
+    """Random-init Qwen2ForCausalLM of a named shape (``SHAPES``); identical weights for identical seeds."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    spec = dict(MODEL_SPEC)
+    spec = dict(_shape_spec(shape))
     rope_theta = spec.pop("rope_theta")
     config = Qwen2Config(
         **spec,
@@ -189,9 +196,20 @@ def build_model(seed: int = 0):
     return model
 
 
-def model_spec(seed: int) -> dict:
+def _shape_spec(shape: str) -> dict:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown tiny-model shape {shape!r}; choose one of {sorted(SHAPES)}")
+    return SHAPES[shape]
+
+
+def model_spec(seed: int, shape: str = "default") -> dict:
     """Everything that determines the files on disk; compared to decide whether a cache hit is valid."""
-    return {"spec_version": SPEC_VERSION, "seed": seed, "model": MODEL_SPEC, "chat_template_sha": _sha(CHAT_TEMPLATE)}
+    return {
+        "spec_version": SPEC_VERSION,
+        "seed": seed,
+        "model": _shape_spec(shape),
+        "chat_template_sha": _sha(CHAT_TEMPLATE),
+    }
 
 
 def _sha(text: str) -> str:
@@ -205,10 +223,10 @@ def _cached(out_dir: Path, spec: dict) -> bool:
         return False
 
 
-def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
+def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, shape: str = "default") -> Path:
     """Write model + tokenizer to `out_dir` (idempotent: returns at once if already built with this spec)."""
     out_dir = Path(out_dir).expanduser().resolve()
-    spec = model_spec(seed)
+    spec = model_spec(seed, shape)
     if _cached(out_dir, spec):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +234,7 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     # directory that a later call would mistake for a valid cache.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        build_model(seed).save_pretrained(tmp)
+        build_model(seed, shape).save_pretrained(tmp)
         build_tokenizer().save_pretrained(tmp)
         (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
         _swap_in(tmp, out_dir)
@@ -250,9 +268,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/tiny-qwen", help="output directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", default="default", choices=sorted(SHAPES))
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    path = build_tiny_model(args.out, seed=args.seed)
+    path = build_tiny_model(args.out, seed=args.seed, shape=args.shape)
     print(f"tiny model ready at {path} ({time.perf_counter() - start:.1f}s)")
 
 

@@ -1,4 +1,5 @@
-"""Registrations seal makes inside every verl process.
+"""Registrations seal makes inside every verl process: the CPU platform, the ``hf`` rollout backend, and what
+the CPU build of vLLM needs around verl's weight update (``seal.vllm_cpu``; CPU platform with that build only).
 
 Loaded by verl itself at the end of ``import verl``: this module is the ``seal`` entry point in
 the ``verl.plugins`` group (pyproject.toml), which ``verl/__init__.py`` loads unless
@@ -50,9 +51,17 @@ def register_cpu_platform() -> None:
         cpu_platform.activate()
 
 
+def register_vllm_cpu() -> None:
+    """What the CPU build of vLLM needs around verl's vLLM server; only on the CPU platform with that build."""
+    from seal import vllm_cpu
+
+    if vllm_cpu.is_active():
+        vllm_cpu.activate()
+
+
 def register_all() -> None:
     # The platform goes first: nothing may resolve verl's platform singleton before it exists.
-    for step in (register_cpu_platform, register_hf_rollout):
+    for step in (register_cpu_platform, register_hf_rollout, register_vllm_cpu):
         try:
             step()
         except Exception:  # noqa: BLE001 - verl would hide it; make it visible, keep verl usable

@@ -94,6 +94,17 @@ def test_model_build_is_deterministic():
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (64, 2, 4, 2)
 
 
+def test_vllm_cpu_shape_suits_vllm_cpu_attention_and_leaves_the_default_alone():
+    from seal.tiny_model import model_spec
+
+    wide = build_model(seed=0, shape="vllm_cpu").config
+    assert wide.hidden_size // wide.num_attention_heads >= 32  # vLLM's CPU attention rejects smaller heads
+    assert build_model(seed=0, shape="default").config.hidden_size == 64
+    assert model_spec(0, "vllm_cpu") != model_spec(0)  # a cached default build is never mistaken for it
+    with pytest.raises(ValueError, match="unknown tiny-model shape"):
+        build_model(seed=0, shape="huge")
+
+
 def test_saved_model_loads_offline_with_same_weights(tiny_dir):
     import torch
     from transformers import AutoModelForCausalLM
