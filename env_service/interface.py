@@ -2,12 +2,10 @@
 
 Three features, each a config block with the same gating (:func:`is_train_only_active`):
 
-* ``observation_lite`` — schema cues on the tool docs of the system prompt (SPEC §2.5) plus the
-  observation note; on in the SEAL recipe.
+* ``observation_lite`` — schema cues on the tool docs of the system prompt plus the observation note; on in
+  the SEAL recipe.
 * ``tool_feedback_evolution`` — recovery feedback: hint lines after a rejected call
   (:func:`enrich_parse_error`) and after a tool result that is an error (:func:`enrich_tool_result`).
-  Unlike upstream, bfcl's real execution-error strings (``Error during execution: ...``) are recognised
-  as errors too (SPEC A5.8).
 * ``capability_cues`` — guideline lines chosen from the failure profile the trainer pushes
   (:func:`capability_cues`), appended to the system prompt.
 
@@ -20,43 +18,49 @@ from __future__ import annotations
 import copy
 import json
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-#: Rollout modes that count as validation (SPEC §2.5).
-VALIDATION_MODES = frozenset({"validate", "validation", "val", "test"})
-
-_CATEGORY_PREFIX = "multi_turn_"
-
-
-def _short_category(category: str) -> str:
-    return category[len(_CATEGORY_PREFIX) :] if category.startswith(_CATEGORY_PREFIX) else category
-
-
-def is_validation_mode(mode: str | None) -> bool:
-    return str(mode or "").lower() in VALIDATION_MODES
+from env_service.vocabulary import (
+    EXECUTION_ERROR_PREFIX,
+    LABEL_ARGUMENT_MISMATCH,
+    LABEL_INVALID_TOOL_CALL,
+    LABEL_MISSING_TOOL_CALL,
+    LABEL_RECOVERY_FAILURE,
+    MODE_VALIDATE,
+    NOT_FAILURES,
+    TAG_BUDGET_EXCEEDED,
+    TAG_EMPTY_TURN,
+    TAG_INSTANCE_MISMATCH,
+    TAG_RESPONSE_MISMATCH,
+    TAG_SPURIOUS_TOOL_CALL,
+    TAG_STATE_MISMATCH,
+    is_execution_error,
+    short_category,
+)
 
 
 def is_train_only_active(block_cfg: Any, mode: str | None, category: str | None = None) -> bool:
-    """SPEC §2.5 gating of a train-only block.
+    """Whether a train-only block applies to an episode of ``mode`` and ``category``.
 
-    Active iff ``enable``, and not (validation mode and not ``apply_to_validation``), and — when the block
+    Active iff ``enable``, and not (``validate`` mode and not ``apply_to_validation``), and — when the block
     lists ``categories`` — the task's category is listed. Categories may be written ``base`` or
-    ``multi_turn_base`` (upstream compares the latter); both forms match either.
+    ``multi_turn_base`` (the released code compares the latter); both forms match either.
     """
     if block_cfg is None or not block_cfg.enable:
         return False
-    if is_validation_mode(mode) and not block_cfg.apply_to_validation:
+    if mode == MODE_VALIDATE and not block_cfg.apply_to_validation:
         return False
     categories = getattr(block_cfg, "categories", None)
     if categories:
-        wanted = {_short_category(c) for c in categories}
-        if category is None or _short_category(category) not in wanted:
+        wanted = {short_category(c) for c in categories}
+        if category is None or short_category(category) not in wanted:
             return False
     return True
 
 
 # ------------------------------------------------------------------------------------------------
-# observation-lite (SPEC §2.5)
+# observation-lite
 # ------------------------------------------------------------------------------------------------
 
 
@@ -77,7 +81,7 @@ def observation_lite(tools: list[dict], cfg: Any) -> list[dict]:
 
 
 def _annotate_tool(tool: dict, cfg: Any) -> None:
-    func = tool.get("function", tool)  # OpenAI-style {"function": {...}} docs too, like upstream
+    func = tool.get("function", tool)  # OpenAI-style {"function": {...}} docs too, like the released code
     if not isinstance(func, dict):
         return
     params = func.get("parameters") or {}
@@ -110,11 +114,11 @@ def _annotate_property(name: str, spec: dict, required: set, cfg: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# recovery feedback (SPEC §2.9 tool_feedback_evolution)
+# recovery feedback (tool_feedback_evolution)
 # ------------------------------------------------------------------------------------------------
 
 _FORMAT_HINTS = {
-    # SPEC §2.9, verbatim.
+    # The released environment's texts, verbatim.
     "bfcl_qwen_fc": (
         "[Hint] Each tool call MUST be a JSON object inside <tool_call>...</tool_call> tags with both "
         '"name" and "arguments" keys, e.g. <tool_call>{"name": "<tool>", "arguments": {"<arg>": <value>}}'
@@ -146,12 +150,12 @@ def enrich_parse_error(
     prompt_mode: str = "bfcl_qwen_fc",
     format_hint: bool = True,
 ) -> str:
-    """SPEC §2.9 ``_enrich_parse_error``: the base ``[ERROR] ...`` line plus hint lines, joined by "\\n".
+    """The base ``[ERROR] ...`` line plus hint lines, joined by "\\n".
 
-    ``tool_names`` are the tools the model may call now. (Upstream lists the initial tools only; after
-    a holdout reveal the revealed ones are callable too, so we list the current set.) ``format_hint``
+    ``tool_names`` are the tools the model may call now (revealed holdouts included). ``format_hint``
     False drops the call-format line: used for calls that were well-formed but named a tool outside the
-    current list (upstream does not enrich that rejection at all; the tool list is exactly what helps).
+    current list (the tool list is exactly what helps there). Both differ from the released code:
+    docs/upstream-differences.md.
     """
     lines = [base]
     if format_hint:
@@ -163,31 +167,24 @@ def enrich_parse_error(
     return "\n".join(lines)
 
 
-_EXECUTION_ERROR_PREFIX = "Error during execution: "
-
-
 def tool_error_text(result: Any) -> str:
-    """The error message inside a tool result, or "" when the result is not an error.
+    """The message a recovery hint is chosen from, or "" when there is none.
 
-    Recognises an error dict ``{"error": "<text>"}`` (also as JSON text, which is how bfcl renders the
-    backends' error dicts) and bfcl's exception rendering ``Error during execution: <text>`` (which
-    upstream's detector misses).
+    A result is an error by :func:`~env_service.vocabulary.is_execution_error`; its message is the text after
+    bfcl's ``Error during execution: `` or the string under ``"error"`` of a backend's error dict (also given
+    as a dict). TradingBot's ``['Error: ...']`` is an error without such a message: like the released
+    detector, it gets no hint.
     """
     if isinstance(result, dict):
         error = result.get("error")
         return error if isinstance(error, str) else ""
-    if not isinstance(result, str):
+    if not isinstance(result, str) or not is_execution_error(result):
         return ""
-    text = result.strip()
-    if text.startswith(_EXECUTION_ERROR_PREFIX):
-        return text[len(_EXECUTION_ERROR_PREFIX) :].strip() or text
-    if text.startswith("{") and '"error"' in text:
-        try:
-            parsed = json.loads(text)
-        except Exception:
-            return ""
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
-            return parsed["error"]
+    if result.startswith(EXECUTION_ERROR_PREFIX):
+        return result[len(EXECUTION_ERROR_PREFIX) :].strip() or result
+    if result.startswith("{"):
+        error = json.loads(result).get("error")  # is_execution_error found a JSON object with "error"
+        return error if isinstance(error, str) else ""
     return ""
 
 
@@ -198,11 +195,11 @@ _MAX_LISTED_TOOLS = 8
 
 
 def diagnose_tool_error(tool_name: str, error: str, tool_names: Iterable[str] = ()) -> str:
-    """One fix hint for a tool error, or "" (SPEC §2.9 order; first match wins).
+    """One fix hint for a tool error, or "" (the released code's order; first match wins).
 
-    The first two texts are SPEC's verbatim; the others are ours, with the same triggers extended to
-    bfcl's actual messages (e.g. ``Only one folder level at a time``, ``No user is currently logged in``).
-    Argument names keep their original case (upstream lower-cases the whole error first).
+    The first two texts are the released code's, verbatim; the others are ours, with the same triggers
+    extended to bfcl's actual messages (e.g. ``Only one folder level at a time``, ``No user is currently logged
+    in``). Argument names keep their original case (the released code lower-cases the whole error first).
     """
     text = (error or "").strip()
     if not text:
@@ -280,50 +277,48 @@ def enrich_tool_result(result: Any, tool_name: str, tool_names: Iterable[str], c
 
 
 # ------------------------------------------------------------------------------------------------
-# capability cues (SPEC §2.9 diagnostic_evolution, fed by a pushed profile instead of a file)
+# capability cues (diagnostic_evolution, fed by a pushed profile instead of a file)
 # ------------------------------------------------------------------------------------------------
 
 CUES_HEADER = "# Behavioral guidelines (env-evolved from recent failures):"
 
-#: Tags that are never turned into guidelines (not failures, or failures of the checker itself).
-EXCLUDED_TAGS = frozenset({"checker_error", "gt_error", "pass", "correct_abstention", "unknown"})
-
-#: One guideline per failure tag: the progress tags (SPEC §3.5) and the paper's labels (Table 5).
+#: One guideline per failure tag: the progress tags and the paper's labels (Table 5). Keys that are both a tag
+#: and a label (state_mismatch, response_mismatch) are written as tags.
 DEFAULT_GUIDELINES: dict[str, str] = {
-    "spurious_tool_call": (
+    TAG_SPURIOUS_TOOL_CALL: (
         "If none of the available functions fits the user's request, say so in plain text instead of "
         "calling a tool."
     ),
-    "empty_turn_model_response": (
+    TAG_EMPTY_TURN: (
         "When an available function can carry out the user's request, call it; do not answer with text alone."
     ),
-    "state_mismatch": (
+    TAG_STATE_MISMATCH: (
         "Before a call that changes state, check the latest tool results so that its arguments match the "
         "current state, and make every change the user asked for."
     ),
-    "response_mismatch": (
+    TAG_RESPONSE_MISMATCH: (
         "Look up every piece of information the user asks for with the matching tool instead of answering "
         "from memory."
     ),
-    "instance_mismatch": (
+    TAG_INSTANCE_MISMATCH: (
         "Only call functions of the services in the current tool list, and make sure each call actually "
         "runs without an error."
     ),
-    "invalid_tool_call": (
+    LABEL_INVALID_TOOL_CALL: (
         "Write every tool call in the required format and use only tool names from the current tool list."
     ),
-    "argument_mismatch": (
+    LABEL_ARGUMENT_MISMATCH: (
         "Fill every required argument with the exact value, type and spelling given by the user or by "
         "earlier tool results."
     ),
-    "recovery_failure": (
+    LABEL_RECOVERY_FAILURE: (
         "When a tool returns an error, read it, fix the cause (arguments, path or a missing earlier step) "
         "and retry before moving on."
     ),
-    "missing_tool_call": (
+    LABEL_MISSING_TOOL_CALL: (
         "Complete every step of the user's request with tool calls before replying; do not stop early."
     ),
-    "budget_exceeded": (
+    TAG_BUDGET_EXCEEDED: (
         "Make only the calls the request needs: the environment stops calls that take too long, and "
         "repeated copies, moves or searches over the same files can take very long."
     ),
@@ -338,9 +333,9 @@ def _tag_stats(profile: Mapping[str, Any] | None, category: str | None, per_cate
     if per_category and category:
         tables = profile.get("categories")
         if isinstance(tables, Mapping):
-            wanted = _short_category(category)
+            wanted = short_category(category)
             for key, table in tables.items():
-                if _short_category(str(key)) == wanted and isinstance(table, Mapping) and table:
+                if short_category(str(key)) == wanted and isinstance(table, Mapping) and table:
                     return dict(table)
     tags = profile.get("tags")
     return dict(tags) if isinstance(tags, Mapping) else {}
@@ -357,13 +352,13 @@ def _number(stats: Any, key: str) -> float:
 def select_guidelines(profile: Mapping[str, Any] | None, cfg: Any, category: str | None = None) -> list[str]:
     """The guideline sentences for the current failure profile, most pressing first.
 
-    Failure tags only (:data:`EXCLUDED_TAGS` dropped, from the denominator too, like upstream). A tag
-    qualifies with count >= ``min_tag_count``, prevalence = count / (total count of failure tags) >=
-    ``prevalence_threshold`` and reward_mean < ``reward_threshold``; ranking by
+    Failure tags only (:data:`~env_service.vocabulary.NOT_FAILURES` dropped, from the denominator too, like
+    the released code). A tag qualifies with count >= ``min_tag_count``, prevalence = count / (total count of
+    failure tags) >= ``prevalence_threshold`` and reward_mean < ``reward_threshold``; ranking by
     prevalence * (1 - reward_mean) (ties: tag name); at most ``max_lines``.
     """
     table = _tag_stats(profile, category, cfg.per_category)
-    stats = {tag: s for tag, s in table.items() if tag not in EXCLUDED_TAGS}
+    stats = {tag: s for tag, s in table.items() if tag not in NOT_FAILURES}
     total = sum(max(0.0, _number(s, "count")) for s in stats.values())
     if total <= 0:
         return []
@@ -402,14 +397,11 @@ def capability_cues(profile: Mapping[str, Any] | None, cfg: Any, category: str |
 __all__ = [
     "CUES_HEADER",
     "DEFAULT_GUIDELINES",
-    "EXCLUDED_TAGS",
-    "VALIDATION_MODES",
     "capability_cues",
     "diagnose_tool_error",
     "enrich_parse_error",
     "enrich_tool_result",
     "is_train_only_active",
-    "is_validation_mode",
     "observation_lite",
     "select_guidelines",
     "shown_tool_names",

@@ -1,4 +1,4 @@
-"""Every text the environment shows the model, byte-for-byte as SPEC Part B §2.4–§2.7 (and A5.10).
+"""Every text the environment shows the model, byte for byte as the released environment shows it.
 
 The constant texts come from bfcl-eval 2026.3.23 (``bfcl_eval.constants.default_prompts`` and
 ``bfcl_eval.utils._get_language_specific_hint``); they are written out here rather than imported
@@ -12,17 +12,17 @@ to one episode), so every transformation builds new dicts.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
+
+from env_service.vocabulary import INVALID_TOOL_CALL_PREFIX
 
 # --- fixed texts -------------------------------------------------------------------------------
 
-#: SPEC §2.7: the environment's message when the last question turn has been answered.
+#: The environment's message when the last question turn has been answered.
 CONVERSATION_COMPLETED = "[CONVERSATION_COMPLETED]"
 
-#: SPEC §2.6/§2.7: prefix of every rejection (parse error, unavailable tool, bad arguments).
-INVALID_TOOL_CALL_PREFIX = "[ERROR] Invalid tool call format: "
-
-#: SPEC §2.4.6: the default observation-lite instruction, verbatim.
+#: The released recipe's default observation-lite instruction, verbatim.
 OBSERVATION_NOTE = (
     "Observation note: parameters marked [required] must be provided exactly when calling a tool; "
     "do not invent tools outside the current schema."
@@ -31,12 +31,12 @@ OBSERVATION_NOTE = (
 #: bfcl ``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC`` (the tail of the reveal message).
 ADDITIONAL_FUNCTION_PROMPT = "I have updated some more functions you can choose from. What about now?"
 
-#: bfcl ``_get_language_specific_hint`` for Python categories. Upstream SEAL's ``_compile_tools``
+#: bfcl ``_get_language_specific_hint`` for Python categories. The released environment's ``_compile_tools``
 #: appends it in place to every doc at each user turn; the docs rendered in the reveal message have
-#: been through exactly one such call (SPEC §2.7), hence exactly one suffix there and nowhere else.
+#: been through exactly one such call, hence exactly one suffix there and nowhere else.
 PYTHON_SYNTAX_HINT = " Note that the provided function is in Python 3 syntax."
 
-# --- bfcl_qwen_fc (SPEC §2.4.5) ------------------------------------------------------------------
+# --- bfcl_qwen_fc --------------------------------------------------------------------------------
 
 _QWEN_FC_HEADER = (
     "# Tools\n",
@@ -55,7 +55,7 @@ _QWEN_FC_FOOTER = (
 
 
 def qwen_fc_tools_prompt(tools: list[dict]) -> str:
-    """SPEC §2.4.5: bfcl QwenFCHandler's tool block without ``<|im_end|>``; "" for no tools.
+    """bfcl QwenFCHandler's tool block without ``<|im_end|>``; "" for no tools.
 
     One ``json.dumps(tool)`` per line with Python's defaults (ASCII escapes, ", " and ": ").
     """
@@ -125,10 +125,10 @@ def tools_system_prompt(tools: list[dict], mode: str = "bfcl_qwen_fc") -> str:
 
 
 def system_content(tool_prompt: str, extra_blocks: Iterable[str] = ()) -> str:
-    """SPEC §2.4.6: the tool prompt, then each non-empty extra block after a blank line.
+    """The tool prompt, then each non-empty extra block after a blank line.
 
     Extra blocks are, in order, the observation note (observation-lite active) and the capability-cue
-    block (non-empty). Blocks are stripped like upstream's instruction.
+    block (non-empty). Blocks are stripped like the released environment's instruction.
     """
     blocks = [block.strip() for block in extra_blocks if block and block.strip()]
     if not blocks:
@@ -147,7 +147,7 @@ def with_python_hint(doc: dict) -> dict:
 
 
 def reveal_message(docs: list[dict]) -> str:
-    """SPEC §2.7: the user message of a holdout (missing-function) turn.
+    """The user message of a holdout (missing-function) turn.
 
     = bfcl ``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=json.dumps(docs,
     ensure_ascii=False))`` where each doc carries one Python-syntax suffix and no observation hints.
@@ -157,19 +157,19 @@ def reveal_message(docs: list[dict]) -> str:
 
 
 def invalid_tool_call_message(error: str) -> str:
-    """SPEC §2.6.4 / §2.7: ``[ERROR] Invalid tool call format: <error>``."""
+    """``[ERROR] Invalid tool call format: <error>``: every rejection (parse error, unavailable tool, bad call)."""
     return INVALID_TOOL_CALL_PREFIX + error
 
 
 def _result_text(content: Any) -> str:
-    # Executor results are strings already; anything else is JSON-dumped like upstream.
+    # Executor results are strings already; anything else is JSON-dumped like the released environment does.
     return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
 def render_tool_result(content: Any, mode: str = "bfcl_tool_response") -> str:
     """One tool result as it appears inside the environment's reply.
 
-    ``bfcl_tool_response`` (SPEC §2.7): ``<tool_response>\\n{content}\\n</tool_response>\\n``; the
+    ``bfcl_tool_response``: ``<tool_response>\\n{content}\\n</tool_response>\\n``; the
     blocks of one step are concatenated into one user message. ``ipython``: the bare result plus "\\n".
     """
     text = _result_text(content)
@@ -199,7 +199,6 @@ def tool_result_messages(results: list[str], mode: str) -> list[str]:
 __all__ = [
     "ADDITIONAL_FUNCTION_PROMPT",
     "CONVERSATION_COMPLETED",
-    "INVALID_TOOL_CALL_PREFIX",
     "OBSERVATION_NOTE",
     "PYTHON_SYNTAX_HINT",
     "invalid_tool_call_message",

@@ -1,4 +1,4 @@
-"""BFCL V3 multi-turn tasks (800 = 4 categories x 200) and the SEAL data split (SPEC A4).
+"""BFCL V3 multi-turn tasks (800 = 4 categories x 200) and the SEAL data split (:data:`SPLIT_RULE`).
 
 Task ids are ``multi_turn_<category>_<index>`` with ``category`` in :data:`CATEGORIES` and
 ``index`` in ``0..199``. Tasks come from the pinned ``bfcl-eval`` package, loaded once per process.
@@ -17,8 +17,8 @@ import threading
 from dataclasses import dataclass
 
 from env_service import _bfcl
+from env_service.vocabulary import CATEGORIES, CATEGORY_PREFIX
 
-CATEGORIES: tuple[str, ...] = ("base", "miss_func", "miss_param", "long_context")
 TASKS_PER_CATEGORY = 200
 SPLIT_SEED = 42
 SPLITS: tuple[str, ...] = ("train", "val", "test", "heldout", "all")
@@ -27,8 +27,6 @@ SPLIT_RULE = (
     "val = sorted(l[100:125]), test = sorted(l[125:]); the same indices in every category; "
     "task id multi_turn_<category>_<index>"
 )
-
-_ID_PREFIX = "multi_turn_"
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class Task:
     @property
     def data_source(self) -> str:
         """bfcl's category name, e.g. ``multi_turn_base`` (also the validation metric key)."""
-        return _ID_PREFIX + self.category
+        return CATEGORY_PREFIX + self.category
 
     @property
     def num_turns(self) -> int:
@@ -64,14 +62,14 @@ class Task:
 
 def task_id_for(category: str, index: int) -> str:
     _check_category(category)
-    return f"{_ID_PREFIX}{category}_{index}"
+    return f"{CATEGORY_PREFIX}{category}_{index}"
 
 
 def parse_task_id(task_id: str) -> tuple[str, int]:
     """``multi_turn_miss_func_12`` -> ``("miss_func", 12)``; ValueError when malformed."""
-    if not isinstance(task_id, str) or not task_id.startswith(_ID_PREFIX):
+    if not isinstance(task_id, str) or not task_id.startswith(CATEGORY_PREFIX):
         raise ValueError(f"malformed task id {task_id!r}: expected 'multi_turn_<category>_<index>'")
-    category, sep, index_text = task_id[len(_ID_PREFIX) :].rpartition("_")
+    category, sep, index_text = task_id[len(CATEGORY_PREFIX) :].rpartition("_")
     if not sep or category not in CATEGORIES or not index_text.isdigit():
         raise ValueError(
             f"malformed task id {task_id!r}: expected 'multi_turn_<category>_<index>' "
@@ -159,7 +157,7 @@ def all_task_ids(category: str | None = None) -> list[str]:
 
 
 def split_indices(seed: int = SPLIT_SEED) -> dict[str, list[int]]:
-    """SPEC A4: the same train/val/test indices for every category."""
+    """The released split: the same train/val/test indices for every category (:data:`SPLIT_RULE`)."""
     order = list(range(TASKS_PER_CATEGORY))
     random.Random(seed).shuffle(order)
     return {
@@ -173,7 +171,7 @@ def task_ids(split: str, seed: int = SPLIT_SEED) -> list[str]:
     """Task ids of a split, category-major then index.
 
     ``heldout`` = all val rows (base, miss_func, miss_param, long_context) then all test rows, the
-    row order of the validation parquet (SPEC §7.1). ``all`` = every task.
+    row order of the validation parquet. ``all`` = every task.
     """
     if split == "all":
         return all_task_ids()

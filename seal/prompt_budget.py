@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from env_service.vocabulary import mode_for_split
+
 #: Safety margin on stand-in counts: relative (tokenizer differences) plus absolute (chat-template header).
 STAND_IN_MARGIN = 0.05
 TEMPLATE_ALLOWANCE = 64
@@ -177,5 +179,5 @@ def run_episodes(data_files) -> list[tuple[str, str]]:
     episodes = []
     for path in data_files:
         for extra in pq.read_table(path, columns=["extra_info"]).column("extra_info").to_pylist():
-            episodes.append((extra["task_id"], "train" if extra.get("split") == "train" else "validate"))
+            episodes.append((extra["task_id"], mode_for_split(extra.get("split"))))
     return list(dict.fromkeys(episodes))
