@@ -12,6 +12,7 @@ Defaults are those of SPEC Part B §2.4–§2.9 (the recipe turns ``observation_
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -103,15 +104,6 @@ def _int(minimum: int | None = None):
         if minimum is not None and value < minimum:
             raise ValueError(f"config key '{key}': must be >= {minimum}, got {value}")
         return value
-
-    return check
-
-
-def _optional_int(minimum: int | None = None):
-    check_int = _int(minimum)
-
-    def check(value: Any, key: str) -> int | None:
-        return None if value is None else check_int(value, key)
 
     return check
 
@@ -229,31 +221,31 @@ class CapabilityCuesConfig(_Block):
 
 
 @dataclass(frozen=True)
-class RewardBlockConfig(_Block):
-    """The trajectory reward (SPEC §4.3). ``binary``: BFCL pass/fail (vanilla RL and, with cap 0, SEAL).
+class RewardConfig(_Block):
+    """The trajectory reward: the recipe's ``reward`` block, the trainer's ``seal.reward`` sent with each
+    ``/evaluate``, and what the verifier scores with. ``binary``: BFCL pass/fail (vanilla RL and, with
+    cap 0, SEAL).
 
-    ``capped``: 1.0 on pass, else min(partial_credit_cap, partial_credit_weight * progress).
+    ``capped``: 1.0 on pass, else min(partial_credit_cap, partial_credit_weight * progress), clamped to [0, 1].
     ``t3rl``: 1.0 on pass, else (passed + w*passed_irr) / (scorable + w*irr), w = irrelevance_weight.
-    With ``cap_decay`` the cap shrinks linearly over epochs (``epoch_index`` / ``total_epochs``, set per
-    request by the trainer) down to ``min_cap``.
+
+    :meth:`from_dict` (requests, recipes) holds values to their ranges; built directly (tests, the
+    verifier's callers) only the mode and finite numbers are required, out-of-range values are clamped.
     """
 
     mode: str = _opt("binary", _choice(REWARD_MODES))
     partial_credit_cap: float = _opt(0.7, _float(0.0, 1.0))
     partial_credit_weight: float = _opt(1.0, _float(0.0))
-    cap_decay: bool = _opt(False, _bool)
-    min_cap: float = _opt(0.0, _float(0.0, 1.0))
-    epoch_index: int | None = _opt(None, _optional_int(minimum=0))
-    total_epochs: int | None = _opt(None, _optional_int(minimum=1))
     irrelevance_weight: float = _opt(0.5, _float(0.0))
     scorable_floor: bool = _opt(False, _bool)
 
-    def to_reward_config(self):
-        """The verifier's ``RewardConfig`` with every field it shares with this block."""
-        from env_service.verifier import RewardConfig
-
-        accepted = {f.name for f in fields(RewardConfig)}
-        return RewardConfig(**{k: v for k, v in self.to_dict().items() if k in accepted})
+    def __post_init__(self) -> None:
+        if self.mode not in REWARD_MODES:
+            raise ValueError(f"unknown reward mode {self.mode!r}; expected one of {REWARD_MODES}")
+        for name in ("partial_credit_cap", "partial_credit_weight", "irrelevance_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"RewardConfig.{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -267,7 +259,7 @@ class EnvConfig(_Block):
     observation_lite: ObservationLiteConfig = _opt(ObservationLiteConfig(), _block(ObservationLiteConfig))
     tool_feedback_evolution: ToolFeedbackConfig = _opt(ToolFeedbackConfig(), _block(ToolFeedbackConfig))
     capability_cues: CapabilityCuesConfig = _opt(CapabilityCuesConfig(), _block(CapabilityCuesConfig))
-    reward: RewardBlockConfig = _opt(RewardBlockConfig(), _block(RewardBlockConfig))
+    reward: RewardConfig = _opt(RewardConfig(), _block(RewardConfig))
 
 
 @dataclass(frozen=True)
@@ -305,7 +297,7 @@ __all__ = [
     "CapabilityCuesConfig",
     "EnvConfig",
     "ObservationLiteConfig",
-    "RewardBlockConfig",
+    "RewardConfig",
     "ServiceLimits",
     "ToolFeedbackConfig",
 ]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from env_service import interface, prompts
-from env_service.config import EnvConfig, ServiceLimits
+from env_service.config import EnvConfig, RewardConfig, ServiceLimits
 from env_service.executor import (
     BackendSession,
     CallOverBudget,
@@ -52,7 +52,7 @@ from env_service.executor import (
 )
 from env_service.parser import ParsedMessage, parse_assistant, shown_name
 from env_service.tasks import Task
-from env_service.verifier import RewardConfig, TurnRecord, evaluate_episode, over_budget_text
+from env_service.verifier import TurnRecord, evaluate_episode, over_budget_text
 
 #: Modes an episode accepts; everything in ``interface.VALIDATION_MODES`` counts as validation.
 EPISODE_MODES = ("train", "validate", "validation", "val", "test", "sample")
@@ -194,7 +194,7 @@ class Episode:
         (an unfinished episode is scored as force-terminated when it has fewer turns than the GT).
         """
         if reward_cfg is None:
-            reward_cfg = self.config.reward.to_reward_config()
+            reward_cfg = self.config.reward
         result = evaluate_episode(self.task, self.turn_records, reward_cfg, self.limits).to_dict()
         result["num_turns"] = len(self._records)
         result["num_steps"] = self._num_steps

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_service import tasks as tasks_mod
-from env_service.config import EnvConfig, RewardBlockConfig, ServiceLimits
+from env_service.config import EnvConfig, RewardConfig, ServiceLimits
 
 log = logging.getLogger(__name__)
 
@@ -224,41 +224,16 @@ def _config_from_params(params: Any) -> EnvConfig:
         raise InvalidConfig(f"invalid params: {error}") from None
 
 
-# Reward fields the verifier's RewardConfig has beyond the recipe's reward block (epoch-dependent
-# cap decay, sent per evaluation by the trainer), with their validators.
-def _is_int_or_none(v: Any) -> bool:
-    return v is None or (isinstance(v, int) and not isinstance(v, bool))
-
-
-_EXTRA_REWARD_KEYS = {
-    "cap_decay": (lambda v: isinstance(v, bool), "a boolean"),
-    "min_cap": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
-    "epoch_index": (_is_int_or_none, "an integer or null"),
-    "total_epochs": (_is_int_or_none, "an integer or null"),
-}
-
-
-def _reward_config(reward: Any):
-    """``reward`` (the recipe's reward block plus cap-decay fields) -> verifier RewardConfig or None."""
+def _reward_config(reward: Any) -> RewardConfig | None:
+    """``reward`` (the trainer's ``seal.reward`` block, or null for the episode's own) -> RewardConfig."""
     if reward is None:
         return None
     if not isinstance(reward, dict):
         raise InvalidConfig(f"'reward' must be a JSON object or null, got {type(reward).__name__}")
-    from env_service.verifier import RewardConfig
-
-    block = {k: v for k, v in reward.items() if k not in _EXTRA_REWARD_KEYS}
-    extras = {k: v for k, v in reward.items() if k in _EXTRA_REWARD_KEYS}
-    for key, value in extras.items():
-        check, expected = _EXTRA_REWARD_KEYS[key]
-        if not check(value):
-            raise InvalidConfig(f"invalid reward config: 'reward.{key}' must be {expected}, got {value!r}")
     try:
-        base = RewardBlockConfig.from_dict(block, path="reward").to_reward_config()
-        return RewardConfig(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, **extras})
+        return RewardConfig.from_dict(reward, path="reward")
     except (ValueError, TypeError) as error:
-        raise InvalidConfig(
-            f"invalid reward config: {error} (per-evaluation extras: {', '.join(_EXTRA_REWARD_KEYS)})"
-        ) from None
+        raise InvalidConfig(f"invalid reward config: {error}") from None
 
 
 def _request_fingerprint(task_id: str, mode: str, params: dict) -> str:

@@ -94,7 +94,7 @@ def trace_ground_truth(task: Task, config: EnvConfig | None = None, mode: str = 
             result = episode.step(text)
             replies.append(result.message)
             infos.append(result.info)
-        evaluation = evaluate_episode(task, episode.turn_records, config.reward.to_reward_config())
+        evaluation = evaluate_episode(task, episode.turn_records, config.reward)
         return ReplayTrace(evaluation, replies, infos, episode.terminated)
     finally:
         episode.close()

@@ -63,7 +63,6 @@ priority order:
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections import Counter
@@ -71,7 +70,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from env_service import _bfcl
-from env_service.config import ServiceLimits
+from env_service.config import RewardConfig, ServiceLimits
 from env_service.executor import (
     ERROR_PREFIX,
     BackendSession,
@@ -170,41 +169,6 @@ class TurnRecord:
     rejected_calls: list[ToolCall] = field(default_factory=list)
     exec_results: list[str] | None = None
     over_budget: list[int] = field(default_factory=list)
-
-
-_REWARD_MODES = ("binary", "capped", "t3rl")
-
-
-@dataclass
-class RewardConfig:
-    """Reward shaping (SPEC B §4.3). ``binary`` (default) = 1.0 for a valid episode, else 0.0."""
-
-    mode: str = "binary"
-    partial_credit_cap: float = 0.7
-    partial_credit_weight: float = 1.0
-    cap_decay: bool = False
-    min_cap: float = 0.0
-    epoch_index: int | None = None
-    total_epochs: int | None = None
-    irrelevance_weight: float = 0.5
-    scorable_floor: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in _REWARD_MODES:
-            raise ValueError(f"unknown reward mode {self.mode!r}; expected one of {_REWARD_MODES}")
-        for name in ("partial_credit_cap", "partial_credit_weight", "min_cap", "irrelevance_weight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"RewardConfig.{name} must be a finite number, got {value!r}")
-        if self.total_epochs is not None and self.total_epochs <= 0:
-            raise ValueError(f"RewardConfig.total_epochs must be positive, got {self.total_epochs!r}")
-
-    def effective_cap(self) -> float:
-        """The partial-credit cap; with ``cap_decay`` it shrinks linearly over epochs (when known)."""
-        cap = float(self.partial_credit_cap)
-        if self.cap_decay and self.epoch_index is not None and self.total_epochs:
-            cap = max(float(self.min_cap), cap * (1.0 - self.epoch_index / self.total_epochs))
-        return _clamp01(cap)
 
 
 # -- outputs ------------------------------------------------------------------------------------
@@ -492,7 +456,7 @@ def reward_from(evaluation: Evaluation, cfg: RewardConfig) -> float:
         return 0.0
     if cfg.mode == "capped":
         weight = max(0.0, float(cfg.partial_credit_weight))
-        return _clamp01(min(cfg.effective_cap(), weight * _clamp01(evaluation.progress)))
+        return _clamp01(min(cfg.partial_credit_cap, weight * _clamp01(evaluation.progress)))
     # t3rl
     if cfg.scorable_floor and evaluation.scorable_turns > 0 and evaluation.passed_turns == 0:
         return 0.0

@@ -56,7 +56,6 @@ def preflight(config: DictConfig) -> list[str]:
     _check_prompt_budget(config, problems)
     _check_batching(config, problems)
     _check_checkpoints(config, problems)
-    _check_reward(config, problems)
     if problems:
         raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
     return warnings
@@ -227,12 +226,6 @@ def _check_batching(config, problems):
         problems.append(f"data.train_batch_size ({batch}) must be divisible by actor.ppo_mini_batch_size ({mini})")
     if config.algorithm.adv_estimator == "grpo" and n < 2:
         problems.append("GRPO needs rollout.n >= 2 (advantages are relative within a group)")
-
-
-def _check_reward(config, problems):
-    if config.seal.reward.cap_decay:
-        # the episode's epoch never reaches the environment's grader, so the decay would silently not happen
-        problems.append("seal.reward.cap_decay is not supported by the trainer (every recipe, like upstream's, has it off)")
 
 
 def _check_checkpoints(config, problems):

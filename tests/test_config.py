@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from env_service.config import EnvConfig, RewardBlockConfig
+from env_service.config import EnvConfig, RewardConfig
 from env_service.prompts import OBSERVATION_NOTE
 
 RECIPE_BLOCK = {  # exp/SEAL.yaml's env_service.bfcl (the released recipe's values)
@@ -96,13 +96,9 @@ def test_categories_forms_and_replace():
         cfg.observation_lite.replace(enable="yes")
 
 
-def test_reward_block_maps_to_verifier_reward_config():
-    from env_service.verifier import RewardConfig
-
-    block = RewardBlockConfig.from_dict({"mode": "capped", "partial_credit_cap": 0.0, "cap_decay": True,
-                                         "epoch_index": 2, "total_epochs": 6})
-    reward = block.to_reward_config()
-    assert isinstance(reward, RewardConfig)
-    fields = (reward.mode, reward.partial_credit_cap, reward.cap_decay, reward.epoch_index, reward.total_epochs)
-    assert fields == ("capped", 0.0, True, 2, 6)
-    assert EnvConfig().reward.to_reward_config() == RewardConfig()
+def test_reward_block_is_the_verifiers_reward_config():
+    reward = RewardConfig.from_dict({"mode": "capped", "partial_credit_cap": 0.0, "irrelevance_weight": 1}, path="reward")
+    assert (reward.mode, reward.partial_credit_cap, reward.irrelevance_weight) == ("capped", 0.0, 1.0)
+    assert EnvConfig().reward == RewardConfig()
+    with pytest.raises(ValueError, match="'cap_decay'"):  # an epoch-dependent cap nothing could set is gone
+        RewardConfig.from_dict({"cap_decay": True}, path="reward")

@@ -482,6 +482,6 @@ def test_evaluate_uses_the_config_reward_block():
     # ended early (force-terminated): 1 of 4 GT turns passed -> capped partial credit min(0.5, 0.25)
     assert evaluation["valid"] is False and evaluation["progress"] == 0.25 and evaluation["reward"] == 0.25
     assert evaluation["num_turns"] == 2 and evaluation["num_steps"] == 2
-    from env_service.verifier import RewardConfig
+    from env_service.config import RewardConfig
 
     assert episode.evaluate(RewardConfig())["reward"] == 0.0  # an explicit reward config wins

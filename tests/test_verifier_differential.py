@@ -17,13 +17,13 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as mtu
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import long_context as lc_module
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
+from env_service.config import RewardConfig
 from env_service.executor import ToolCall, format_call_string, parse_call_string
 from env_service.tasks import CATEGORIES, all_task_ids, load_task
 from env_service.verifier import (
     LABELS,
     TAGS,
     Evaluation,
-    RewardConfig,
     TurnRecord,
     evaluate_calls,
     evaluate_episode,
@@ -327,9 +327,6 @@ def _evaluation(valid=False, passed=2, scorable=4, irrelevance=0, passed_irrelev
         (RewardConfig(mode="capped", partial_credit_weight=0.5), 0.25),
         (RewardConfig(mode="capped", partial_credit_weight=-1.0), 0.0),
         (RewardConfig(mode="capped", partial_credit_cap=1.5, partial_credit_weight=3.0), 1.0),  # clamped
-        (RewardConfig(mode="capped", cap_decay=True, epoch_index=3, total_epochs=6), 0.35),  # 0.7 * (1 - 3/6)
-        (RewardConfig(mode="capped", cap_decay=True, epoch_index=5, total_epochs=6, min_cap=0.4), 0.4),
-        (RewardConfig(mode="capped", cap_decay=True), 0.5),  # epoch unknown: no decay
         (RewardConfig(mode="t3rl"), 0.5),  # 2 / 4
     ],
 )
@@ -364,8 +361,6 @@ def test_reward_config_validation():
         RewardConfig(mode="dense")
     with pytest.raises(ValueError):
         RewardConfig(mode="capped", partial_credit_cap=float("nan"))
-    with pytest.raises(ValueError):
-        RewardConfig(total_epochs=0)
 
 
 # -- score_record (CLI input) --------------------------------------------------------------------------
