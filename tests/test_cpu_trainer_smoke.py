@@ -4,6 +4,10 @@ Goes through verl's normal entry (`run_ppo` + verl's own `main_ppo_v0.TaskRunner
 embedded CPU recipe (`exp/cpu_tiny.yaml`: FSDP2 actor and reference on gloo, the `hf` rollout server) on a toy
 single-turn task with verl's `single_turn_agent`: GRPO with n=2, validation before training, two steps, a
 checkpoint after each. It shows the CPU backend is a plain verl backend, independent of seal's trainer.
+
+It runs with the GPU recipe's memory savers on, as a real-size model on CPU needs them: gradient checkpointing
+(the actor's checkpointed backward on gloo) and an offloaded reference (FSDP2's CPU-offload policy must not pin
+memory without an accelerator; ``seal.cpu_platform`` drops the pinning).
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ def _compose(model_dir: Path, data: Path, reward: Path, ckpt: Path):
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=true",
         f"reward.custom_reward_function.path={reward}",
         "reward.custom_reward_function.name=compute_score",
         "trainer.total_training_steps=2",
@@ -126,15 +132,19 @@ def test_ray_ppo_trainer_runs_on_cpu(tmp_path):
         )
     elapsed = time.perf_counter() - start
     print(f"smoke driver: rc={proc.returncode} in {elapsed:.1f}s")
-    assert proc.returncode == 0, log.read_text()[-6000:]
+    text = log.read_text()
+    assert proc.returncode == 0, text[-6000:]
+    assert "'enable_gradient_checkpointing': True" in text and "'param_offload': True" in text  # the savers reached verl
 
     steps = _read_metrics(tmp_path / "metrics.jsonl")
     val = {k: v for k, v in steps.get(0, {}).items() if k.startswith("val-core/")}
     assert "val-core/toy/acc/mean@1" in val, sorted(steps.get(0, {}))
     for step in (1, 2):
         train = steps[step]
-        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/step"):
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/step",
+                    "timing_s/ref"):  # the offloaded reference computed its log-probs
             assert key in train, (step, key)
+        assert train["actor/grad_norm"] > 0, (step, train["actor/grad_norm"])  # the checkpointed backward ran
         # The rollout server's log-probs equal the trainer's own forward pass, so its weights are the
         # actor's: synced at step 0 and again after step 1's update (lr=1e-2 moves every weight; a
         # skipped sync shows up here as KL ~2e-2 and a probs diff ~3e-6).
