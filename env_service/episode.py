@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from env_service import interface, prompts
+from env_service.calls import ToolCall
 from env_service.config import EnvConfig, RewardConfig, ServiceLimits
 from env_service.executor import (
     BackendSession,
     CallOverBudget,
-    ToolCall,
     ToolNotAvailable,
     clip_text,
     clip_texts,

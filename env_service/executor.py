@@ -54,10 +54,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
-import functools
 import gc
-import importlib
-import inspect
 import json
 import keyword
 import math
@@ -69,10 +66,10 @@ import time
 import traceback
 import types
 import unicodedata
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from env_service import _bfcl
+from env_service.calls import ToolCall, backend_class, format_call_string, public_method_names
 
 ERROR_PREFIX = "Error during execution: "
 
@@ -90,22 +87,6 @@ class ToolNotAvailable(Exception):
     def __init__(self, name: str):
         super().__init__(f"Tool '{name}' is not available in the current tool list.")
         self.name = name
-
-
-@dataclass
-class ToolCall:
-    """One tool call: ``name`` and keyword ``arguments`` (JSON values)."""
-
-    name: str
-    arguments: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "arguments": self.arguments}
-
-
-def format_call_string(call: ToolCall) -> str:
-    """``name(k=repr(v),k2=repr(v2))`` — bfcl's ``convert_to_function_call`` format ("," separator)."""
-    return f"{call.name}({','.join(f'{k}={repr(v)}' for k, v in call.arguments.items())})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,58 +213,12 @@ def state_size(root: Any, limit: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Backend classes and method tables
+# Backend instances
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _backend_class(class_name: str) -> type:
-    if class_name not in _bfcl.CLASS_FILE_PATH_MAPPING:
-        raise ValueError(f"unknown BFCL backend class {class_name!r}")
-    module = importlib.import_module(_bfcl.CLASS_FILE_PATH_MAPPING[class_name])
-    return getattr(module, class_name)
-
-
-def _public_method_names(instance: object) -> list[str]:
-    # Same rule as bfcl: bound methods whose name does not start with "_".
-    return [
-        name
-        for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod)
-        if not name.startswith("_")
-    ]
-
-
-@functools.lru_cache(maxsize=None)
-def _class_method_names(class_name: str) -> tuple[str, ...]:
-    return tuple(_public_method_names(_backend_class(class_name)()))
-
-
-def _method_owner_map(involved_classes: Iterable[str]) -> dict[str, str]:
-    """method name -> owning class; a later class wins, like bfcl's mapping dict."""
-    owners: dict[str, str] = {}
-    for class_name in involved_classes:
-        for name in _class_method_names(class_name):
-            owners[name] = class_name
-    return owners
-
-
-@functools.lru_cache(maxsize=None)
-def _parameter_names(class_name: str, method_name: str) -> tuple[str, ...]:
-    method = getattr(_backend_class(class_name), method_name)
-    params = list(inspect.signature(method).parameters.values())[1:]  # drop self
-    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-def tool_parameter_names(name: str, involved_classes: Iterable[str]) -> tuple[str, ...]:
-    """Positional parameter names of tool ``name`` among ``involved_classes`` (KeyError if unknown)."""
-    owners = _method_owner_map(involved_classes)
-    if name not in owners:
-        raise KeyError(f"unknown tool {name!r} for classes {list(involved_classes)}")
-    return _parameter_names(owners[name], name)
-
-
 def _fresh_instance(class_name: str, initial_config: Mapping, long_context: bool) -> object:
-    instance = _backend_class(class_name)()
+    instance = backend_class(class_name)()
     if class_name not in _bfcl.STATELESS_CLASSES:
         instance._load_scenario(
             copy.deepcopy(initial_config.get(class_name, {})), long_context=long_context
@@ -493,7 +428,7 @@ class BackendSession:
         for class_name in task.involved_classes:
             self._instances[class_name] = _fresh_instance(class_name, task.initial_config, task.long_context)
         for class_name, instance in self._instances.items():
-            for name in _public_method_names(instance):
+            for name in public_method_names(instance):
                 self._owners[name] = class_name
 
     # -- introspection ---------------------------------------------------------------------
@@ -648,49 +583,3 @@ def _result_to_string(result: Any) -> str:
         except Exception:
             return str(result)
     return str(result)
-
-
-# ---------------------------------------------------------------------------------------------
-# Parsing ground-truth call strings
-# ---------------------------------------------------------------------------------------------
-
-
-def parse_call_string(s: str, task) -> ToolCall:
-    """Parse a Python-syntax call string (bfcl GT format) into a :class:`ToolCall`.
-
-    Only ``ast.parse`` + ``ast.literal_eval`` of argument nodes; positional arguments are mapped to
-    parameter names through the backend method's signature. ValueError when malformed.
-    """
-    if not isinstance(s, str):
-        raise ValueError(f"call string must be a str, got {type(s).__name__}")
-    try:
-        node = ast.parse(s.strip(), mode="eval").body
-    except SyntaxError as error:
-        raise ValueError(f"unparseable call string {s!r}: {error}") from None
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        raise ValueError(f"not a plain function call: {s!r}")
-    name = node.func.id
-    arguments: dict[str, Any] = {}
-    if node.args:
-        try:
-            params = tool_parameter_names(name, task.involved_classes)
-        except KeyError:
-            raise ValueError(f"positional arguments for unknown tool {name!r} in {s!r}") from None
-        if len(node.args) > len(params):
-            raise ValueError(f"too many positional arguments in {s!r}")
-        for param, arg in zip(params, node.args):
-            arguments[param] = _literal(arg, s)
-    for kw in node.keywords:
-        if kw.arg is None:
-            raise ValueError(f"'**' arguments are not supported: {s!r}")
-        if kw.arg in arguments:
-            raise ValueError(f"argument {kw.arg!r} given twice in {s!r}")
-        arguments[kw.arg] = _literal(kw.value, s)
-    return ToolCall(name=name, arguments=arguments)
-
-
-def _literal(node: ast.expr, source: str) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise ValueError(f"non-literal argument in {source!r}") from None

@@ -17,9 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
+from env_service.calls import ToolCall, parse_call_string
 from env_service.config import EnvConfig
 from env_service.episode import Episode
-from env_service.executor import ToolCall, parse_call_string
 from env_service.tasks import CATEGORIES, Task
 from env_service.verifier import Evaluation, evaluate_episode
 

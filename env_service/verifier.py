@@ -70,14 +70,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from env_service import _bfcl
+from env_service.calls import ToolCall, parse_call_string
 from env_service.config import RewardConfig, ServiceLimits
 from env_service.executor import (
     ERROR_PREFIX,
     BackendSession,
     CallOverBudget,
-    ToolCall,
     clip_text,
-    parse_call_string,
 )
 from env_service.tasks import Task, load_task
 

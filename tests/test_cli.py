@@ -19,9 +19,9 @@ import requests
 
 from env_service import tasks
 from env_service.__main__ import main
+from env_service.calls import parse_call_string
 from env_service.config import EnvConfig
 from env_service.episode import Episode
-from env_service.executor import parse_call_string
 from env_service.service import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]

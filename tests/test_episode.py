@@ -12,9 +12,9 @@ import uuid
 import pytest
 
 from env_service import _bfcl  # sets BFCL_PROJECT_ROOT before any bfcl import below
+from env_service.calls import parse_call_string
 from env_service.config import EnvConfig
 from env_service.episode import Episode, StepResult
-from env_service.executor import parse_call_string
 from env_service.interface import CUES_HEADER, DEFAULT_GUIDELINES, observation_lite
 from env_service.prompts import OBSERVATION_NOTE, tools_system_prompt
 from env_service.replay import (

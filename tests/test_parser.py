@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from env_service.executor import ToolCall
+from env_service.calls import ToolCall
 from env_service.parser import (
     ERR_MISSING_KEYS,
     ERR_NO_VALID_BLOCK,

@@ -17,8 +17,8 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as mtu
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import long_context as lc_module
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
+from env_service.calls import ToolCall, format_call_string, parse_call_string
 from env_service.config import RewardConfig
-from env_service.executor import ToolCall, format_call_string, parse_call_string
 from env_service.tasks import CATEGORIES, all_task_ids, load_task
 from env_service.verifier import (
     LABELS,
