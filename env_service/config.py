@@ -6,7 +6,7 @@ would otherwise silently leave a feature off and change an experiment without an
 unknown key raises ``ValueError`` naming the key and the allowed keys, and a value of the wrong type
 raises ``ValueError`` naming the key, the expected type and what was given.
 
-Defaults are those of SPEC Part B §2.4–§2.9 (the recipe turns ``observation_lite.enable`` on).
+Defaults are the released environment's (the recipe turns ``observation_lite.enable`` on).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from env_service.prompts import OBSERVATION_NOTE
 
-#: ``tool_prompt_mode`` values. ``bfcl_qwen_fc``: SPEC §2.4.5 (``<tool_call>`` JSON, the recipe).
+#: ``tool_prompt_mode`` values. ``bfcl_qwen_fc``: bfcl's Qwen FC tool block (``<tool_call>`` JSON, the recipe).
 #: ``toolace_llama``: bfcl's default prompting system prompt (what bfcl uses for ToolACE-2-8B); the model
 #: answers with a Python call list ``[f(a=1), g(b="x")]`` (see ``parser.parse_python_calls``).
 TOOL_PROMPT_MODES: tuple[str, ...] = ("bfcl_qwen_fc", "toolace_llama")
@@ -28,7 +28,7 @@ TOOL_PROMPT_MODES: tuple[str, ...] = ("bfcl_qwen_fc", "toolace_llama")
 #: sends (ToolACE-2-8B).
 TOOL_RESULT_MODES: tuple[str, ...] = ("bfcl_tool_response", "ipython")
 
-#: ``reward.mode`` values (SPEC §4.3 plus plain binary).
+#: ``reward.mode`` values: bfcl's pass/fail, and two partial-credit shapes (see :class:`RewardConfig`).
 REWARD_MODES: tuple[str, ...] = ("binary", "capped", "t3rl")
 
 
@@ -183,7 +183,7 @@ def _opt(default: Any, check) -> Any:
 
 @dataclass(frozen=True)
 class ObservationLiteConfig(_Block):
-    """SPEC §2.5: schema cues on the tool docs shown in the system prompt (train-only by default)."""
+    """Schema cues on the tool docs shown in the system prompt (train-only by default)."""
 
     enable: bool = _opt(False, _bool)
     apply_to_validation: bool = _opt(False, _bool)
@@ -197,7 +197,7 @@ class ObservationLiteConfig(_Block):
 
 @dataclass(frozen=True)
 class ToolFeedbackConfig(_Block):
-    """SPEC §2.9 ``tool_feedback_evolution``: recovery hints after parse errors and tool errors."""
+    """``tool_feedback_evolution``: recovery hints after parse errors and tool errors."""
 
     enable: bool = _opt(False, _bool)
     apply_to_validation: bool = _opt(False, _bool)
@@ -207,7 +207,7 @@ class ToolFeedbackConfig(_Block):
 
 @dataclass(frozen=True)
 class CapabilityCuesConfig(_Block):
-    """SPEC §2.9 ``diagnostic_evolution``: guideline lines chosen from the trainer's failure profile."""
+    """``diagnostic_evolution``: guideline lines chosen from the trainer's failure profile."""
 
     enable: bool = _opt(False, _bool)
     apply_to_validation: bool = _opt(False, _bool)

@@ -1,4 +1,4 @@
-"""One BFCL multi-turn episode: the environment side of SPEC Part B §2.4–§2.7.
+"""One BFCL multi-turn episode: what the model sees and what its messages do, step by step.
 
 An :class:`Episode` shows the model a system prompt and the first user question, then answers every
 assistant message with exactly one message:
@@ -36,8 +36,9 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from env_service import interface, prompts
 from env_service.calls import ToolCall
@@ -53,18 +54,19 @@ from env_service.executor import (
 from env_service.parser import ParsedMessage, parse_assistant, shown_name
 from env_service.tasks import Task
 from env_service.verifier import TurnRecord, evaluate_episode, over_budget_text
+from env_service.vocabulary import (
+    EPISODE_MODES,
+    ERROR_MARKER,
+    MODE_TRAIN,
+    STEP_BUDGET_EXCEEDED,
+    STEP_LIMIT_EXCEEDED,
+    STEP_PARSE_ERROR,
+    STEP_TOOL_ERROR,
+    STEP_UNAVAILABLE_TOOL,
+    is_execution_error,
+)
 
-#: Modes an episode accepts; everything in ``interface.VALIDATION_MODES`` counts as validation.
-EPISODE_MODES = ("train", "validate", "validation", "val", "test", "sample")
-
-#: ``info["error_type"]`` values.
-ERROR_PARSE = "parse_error"
-ERROR_UNAVAILABLE = "unavailable_tool"
-ERROR_TOOL = "tool_error"
-ERROR_BUDGET = "budget_exceeded"  # a call stopped or skipped by a time budget, or the state limit
-ERROR_LIMIT = "limit_exceeded"  # too many calls in a message, or too many steps
-
-# Upstream's texts for calls the parser let through but the executor cannot take (SPEC §2.7).
+# The released environment's texts for calls the parser let through but the executor cannot take.
 _MISSING_NAME = "Missing function name in tool call."
 
 
@@ -86,7 +88,7 @@ def _tool_name(doc: Mapping) -> str:
 
 
 def _first_user_content(turn: list) -> str:
-    """Content of the first ``user`` message of a question turn ("" if none, like upstream)."""
+    """Content of the first ``user`` message of a question turn ("" if none, like the released environment)."""
     for message in turn or []:
         if isinstance(message, dict) and message.get("role") == "user":
             return message.get("content", "")
@@ -94,7 +96,7 @@ def _first_user_content(turn: list) -> str:
 
 
 class Episode:
-    """See the module docstring. ``mode``: ``train`` or ``validate`` (aliases in :data:`EPISODE_MODES`).
+    """See the module docstring. ``mode``: ``train`` or ``validate``.
 
     ``profile``: the failure profile the trainer last pushed (``{"step", "tags", "categories"}``), used for
     capability cues; read once, at construction. ``limits``: the service's budgets and limits.
@@ -103,7 +105,7 @@ class Episode:
     def __init__(
         self,
         task: Task,
-        mode: str = "train",
+        mode: str = MODE_TRAIN,
         config: EnvConfig | None = None,
         profile: Mapping[str, Any] | None = None,
         limits: ServiceLimits | None = None,
@@ -161,7 +163,7 @@ class Episode:
         return copy.deepcopy(self._records)
 
     def initial_messages(self) -> list[dict]:
-        """SPEC §2.4: ``[system, user]``; the user text is the first message of the first question turn."""
+        """``[system, user]``; the user text is the first message of the first question turn."""
         first = _first_user_content(self.task.question[0]) if self.task.question else ""
         return [{"role": "system", "content": self._system}, {"role": "user", "content": first}]
 
@@ -175,9 +177,9 @@ class Episode:
         self._num_steps += 1
         if self._num_steps > self.limits.max_steps:
             self._terminated = True
-            text = (f"[ERROR] This episode reached its limit of {self.limits.max_steps} messages and has ended; "
-                    f"nothing in the last message was run.")
-            return self._reply(text, terminated=True, error_type=ERROR_LIMIT)
+            text = (f"{ERROR_MARKER} This episode reached its limit of {self.limits.max_steps} messages and has "
+                    f"ended; nothing in the last message was run.")
+            return self._reply(text, terminated=True, error_type=STEP_LIMIT_EXCEEDED)
         parsed = parse_assistant(assistant_text, self.config.tool_prompt_mode, self.config.strict_tool_parser)
         if parsed.errors:
             return self._reject_parse_errors(parsed)
@@ -248,7 +250,7 @@ class Episode:
         return StepResult(message={"role": role, "content": content}, terminated=terminated, info=info,
                           extra_messages=[{"role": role, "content": text} for text in extra])
 
-    def _error_message(self, error: str, error_type: str = ERROR_PARSE) -> str:
+    def _error_message(self, error: str, error_type: str = STEP_PARSE_ERROR) -> str:
         message = prompts.invalid_tool_call_message(error)
         if self._feedback:
             message = interface.enrich_parse_error(
@@ -256,7 +258,7 @@ class Episode:
                 self.tool_names,
                 self.config.tool_feedback_evolution,
                 self.config.tool_prompt_mode,
-                format_hint=error_type == ERROR_PARSE,
+                format_hint=error_type == STEP_PARSE_ERROR,
             )
         return message
 
@@ -266,7 +268,7 @@ class Episode:
         record.rejected_calls.extend(parsed.calls)
         return self._reply(
             self._error_message(parsed.error_text),
-            error_type=ERROR_PARSE,
+            error_type=STEP_PARSE_ERROR,
             num_rejected_calls=len(parsed.calls),
             num_parse_errors=len(parsed.errors),
         )
@@ -278,7 +280,7 @@ class Episode:
         record.parse_errors.append(problem)
         record.rejected_calls.extend(parsed.calls)
         return self._reply(
-            self._error_message(problem), error_type=ERROR_LIMIT,
+            self._error_message(problem), error_type=STEP_LIMIT_EXCEEDED,
             num_rejected_calls=len(parsed.calls), num_parse_errors=1,
         )
 
@@ -288,41 +290,44 @@ class Episode:
             try:
                 return self._execute(calls)
             except ToolNotAvailable as exc:  # cannot happen while allowed == current tools; stay safe
-                problem, error_type = str(exc), ERROR_UNAVAILABLE
+                problem, error_type = str(exc), STEP_UNAVAILABLE_TOOL
         record = self._records[-1]
         record.rejected_calls.extend(parsed.calls)
-        if error_type == ERROR_PARSE:
+        if error_type == STEP_PARSE_ERROR:
             record.parse_errors.append(problem)
         return self._reply(
             self._error_message(problem, error_type),
             error_type=error_type,
             num_rejected_calls=len(parsed.calls),
-            num_parse_errors=int(error_type == ERROR_PARSE),
+            num_parse_errors=int(error_type == STEP_PARSE_ERROR),
         )
 
     def _checked_calls(self, calls: list[ToolCall]) -> tuple[list[ToolCall], str | None, str | None]:
-        """Upstream's pre-execution checks, in call order; the first failing call rejects the message.
+        """The released environment's pre-execution checks, in call order; the first failing call rejects the
+        message.
 
         Returns (calls with decoded arguments, None, None) or ([], reason, error_type). String arguments
-        only reach here from the lenient parser; they are JSON-decoded as upstream does.
+        only reach here from the lenient parser; they are JSON-decoded as the released environment does.
         """
         names = set(self.tool_names) if self.config.enforce_available_tools else None
         checked = []
         for call in calls:
             name, arguments = call.name, call.arguments
             if not name:
-                return [], _MISSING_NAME, ERROR_PARSE
+                return [], _MISSING_NAME, STEP_PARSE_ERROR
+            if isinstance(name, (list, dict)):  # the released environment looks names up in a set, which raises
+                return [], f"unhashable type: '{type(name).__name__}'", STEP_PARSE_ERROR
             if names is not None and not (isinstance(name, str) and name in names):
                 reason = f"Tool '{shown_name(name)}' is not available in the current tool list."
-                return [], reason, ERROR_UNAVAILABLE
+                return [], reason, STEP_UNAVAILABLE_TOOL
             if isinstance(arguments, str):
                 try:
                     arguments = json.loads(arguments)
                 except Exception:
                     reason = f"Tool '{shown_name(name)}' has invalid JSON arguments: {shown_name(arguments)}"
-                    return [], reason, ERROR_PARSE
+                    return [], reason, STEP_PARSE_ERROR
             if not isinstance(arguments, dict):
-                return [], f"Tool '{shown_name(name)}' arguments must be a JSON object.", ERROR_PARSE
+                return [], f"Tool '{shown_name(name)}' arguments must be a JSON object.", STEP_PARSE_ERROR
             checked.append(ToolCall(name=name, arguments=arguments))
         return checked, None, None
 
@@ -349,7 +354,7 @@ class Episode:
                                f"{limit} bytes")
         # The replay must not rebuild that state: the message's calls count as stopped.
         record.over_budget.extend(i for i in range(first, len(record.calls)) if i not in record.over_budget)
-        return f"\n[ERROR] The environment state exceeds its limit of {limit} bytes; " \
+        return f"\n{ERROR_MARKER} The environment state exceeds its limit of {limit} bytes; " \
                f"tool calls are refused for the rest of this episode."
 
     def _execute(self, calls: list[ToolCall]) -> StepResult:
@@ -369,7 +374,7 @@ class Episode:
             room -= len(kept)
             record.exec_results.append(kept)
             text = prompts.render_tool_result(result, mode)
-            if interface.tool_error_text(result):
+            if is_execution_error(result):
                 tool_errors += 1
                 if self._feedback:
                     text += interface.enrich_tool_result(
@@ -379,7 +384,7 @@ class Episode:
         state_error = self._check_state(record, first)
         contents = clip_texts(prompts.tool_result_messages(results, mode), self.limits.max_reply_bytes)
         contents[-1] += state_error
-        error_type = ERROR_BUDGET if over or state_error else ERROR_TOOL if tool_errors else None
+        error_type = STEP_BUDGET_EXCEEDED if over or state_error else STEP_TOOL_ERROR if tool_errors else None
         return self._reply(
             contents[0],
             extra=tuple(contents[1:]),
@@ -391,7 +396,7 @@ class Episode:
         )
 
     def _next_user_turn(self) -> StepResult:
-        """SPEC §2.7 ``_handle_user_turn``: reveal, completion, or the next question."""
+        """Reveal, completion, or the next question."""
         next_turn = self._turn + 1
         holdout = self.task.holdout_functions.get(next_turn)
         if holdout is not None:
@@ -409,7 +414,7 @@ class Episode:
         self._records.append(TurnRecord(calls=[], exec_results=[]))
 
     def _reveal(self, docs: list[dict]) -> list[str]:
-        """Make holdout docs callable (dedupe by name); the system prompt stays as it was (SPEC §2.7)."""
+        """Make holdout docs callable (dedupe by name); the system prompt stays as it was, as released."""
         known = set(self.tool_names)
         added = []
         for doc in docs:
@@ -423,18 +428,6 @@ class Episode:
 
 
 __all__ = [
-    "EPISODE_MODES",
-    "ERROR_PARSE",
-    "ERROR_TOOL",
-    "ERROR_UNAVAILABLE",
     "Episode",
     "StepResult",
-    "replay_ground_truth",
 ]
-
-
-def replay_ground_truth(task: Task, config: EnvConfig | None = None, mode: str = "validate"):
-    """Alias of :func:`env_service.replay.replay_ground_truth` (GT replay through an episode)."""
-    from env_service.replay import replay_ground_truth as replay
-
-    return replay(task, config, mode)

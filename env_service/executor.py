@@ -70,8 +70,7 @@ from typing import Any, Mapping
 
 from env_service import _bfcl
 from env_service.calls import ToolCall, backend_class, format_call_string, public_method_names
-
-ERROR_PREFIX = "Error during execution: "
+from env_service.vocabulary import EXECUTION_ERROR_PREFIX
 
 # bfcl's _process_method_calls pattern: an identifier directly followed by "(".
 _METHOD_CALL_PATTERN = re.compile(r"\b([a-zA-Z_]\w*)\s*(?=\()")
@@ -298,7 +297,7 @@ def _denied_name(processed: str) -> str | None:
 
 
 def _syntax_error_text(error: SyntaxError) -> str:
-    return ERROR_PREFIX + str(error)
+    return EXECUTION_ERROR_PREFIX + str(error)
 
 
 def _parse_processed(processed: str) -> ast.expr | str:
@@ -308,7 +307,7 @@ def _parse_processed(processed: str) -> ast.expr | str:
     except SyntaxError as error:
         return _syntax_error_text(error)
     except (UnicodeEncodeError, ValueError) as error:  # e.g. a lone surrogate in a name: what eval would report
-        return f"{ERROR_PREFIX}{error}"
+        return f"{EXECUTION_ERROR_PREFIX}{error}"
     # CPython reports repeated keyword arguments at compile time, not in ast.parse.
     calls = sorted(
         (node for node in ast.walk(tree) if isinstance(node, ast.Call)),
@@ -318,7 +317,7 @@ def _parse_processed(processed: str) -> ast.expr | str:
         seen: set[str] = set()
         for kw in call.keywords:
             if kw.arg is not None and kw.arg in seen:
-                return f"{ERROR_PREFIX}keyword argument repeated: {kw.arg} (<string>, line {kw.lineno})"
+                return f"{EXECUTION_ERROR_PREFIX}keyword argument repeated: {kw.arg} (<string>, line {kw.lineno})"
             if kw.arg is not None:
                 seen.add(kw.arg)
     return tree.body
@@ -480,21 +479,21 @@ class BackendSession:
         self._check_open()
         name, arguments = call.name, call.arguments
         if type(name) is not str:
-            return f"{ERROR_PREFIX}tool name must be a string, got {type(name).__name__}"
+            return f"{EXECUTION_ERROR_PREFIX}tool name must be a string, got {type(name).__name__}"
         if type(arguments) is not dict:
-            return f"{ERROR_PREFIX}tool arguments must be a JSON object, got {type(arguments).__name__}"
+            return f"{EXECUTION_ERROR_PREFIX}tool arguments must be a JSON object, got {type(arguments).__name__}"
         problem = _non_json_value(arguments, "arguments")
         if problem:
-            return f"{ERROR_PREFIX}{problem}; tool arguments must be JSON values"
+            return f"{EXECUTION_ERROR_PREFIX}{problem}; tool arguments must be JSON values"
         try:
             call_string = format_call_string(call)
         except ValueError as error:  # e.g. an int too large for repr
-            return f"{ERROR_PREFIX}{error}"
+            return f"{EXECUTION_ERROR_PREFIX}{error}"
 
         processed = _bfcl_processed(call_string, self._owners)
         denied = _denied_name(processed)
         if denied:
-            return f"{ERROR_PREFIX}Function call {denied} is not allowed."
+            return f"{EXECUTION_ERROR_PREFIX}Function call {denied} is not allowed."
 
         known = name in self._owners
         if known and self.allowed is not None and name not in self.allowed:
@@ -513,11 +512,11 @@ class BackendSession:
         for value in kwargs.values():
             bad_float = _first_non_finite(value)
             if bad_float:
-                return f"{ERROR_PREFIX}name '{bad_float}' is not defined"
+                return f"{EXECUTION_ERROR_PREFIX}name '{bad_float}' is not defined"
 
         too_costly = _resource_guard(self._owners[name], name, kwargs)
         if too_costly:
-            return f"{ERROR_PREFIX}{too_costly}"
+            return f"{EXECUTION_ERROR_PREFIX}{too_costly}"
 
         # eval would build fresh argument objects; never let a backend alias the caller's values.
         kwargs = copy.deepcopy(kwargs)
@@ -527,7 +526,7 @@ class BackendSession:
                 try:
                     return _result_to_string(method(**kwargs))
                 except Exception as error:  # bfcl catches Exception around eval and conversion
-                    return f"{ERROR_PREFIX}{error}"
+                    return f"{EXECUTION_ERROR_PREFIX}{error}"
         except CallOverBudget as error:
             why = str(error)
         # bfcl's traversals (find, du) build their results inside a recursive nested function, a reference
@@ -549,8 +548,8 @@ class BackendSession:
         except _Unsupported:
             first = None
         if first is not None and first not in _bfcl.EVAL_NAMESPACE_NAMES and first != _PLACEHOLDER_INSTANCE:
-            return f"{ERROR_PREFIX}name '{first}' is not defined"
-        return f"{ERROR_PREFIX}invalid function name; only the listed tools can be called"
+            return f"{EXECUTION_ERROR_PREFIX}name '{first}' is not defined"
+        return f"{EXECUTION_ERROR_PREFIX}invalid function name; only the listed tools can be called"
 
     def _normalised_keywords(self, processed: str, arguments: dict) -> dict | str:
         """Argument names that are not plain ASCII identifiers: reproduce what Python would do.
@@ -569,7 +568,7 @@ class BackendSession:
             or parsed.args
             or [kw.arg for kw in keywords] != names
         ):
-            return f"{ERROR_PREFIX}invalid argument name(s) {list(arguments)!r}"
+            return f"{EXECUTION_ERROR_PREFIX}invalid argument name(s) {list(arguments)!r}"
         return dict(zip(names, arguments.values()))
 
 

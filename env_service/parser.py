@@ -1,9 +1,9 @@
-"""Reading tool calls out of the raw assistant text (SPEC Part B §2.6).
+"""Reading tool calls out of the raw assistant text.
 
 Two formats, one result type (:class:`ParsedMessage`):
 
 * ``<tool_call>{json}</tool_call>`` blocks (:func:`parse_tool_calls`, prompt mode ``bfcl_qwen_fc``) —
-  upstream's ``xml_json`` parser, every rule and error text as SPEC §2.6.
+  the released environment's ``xml_json`` parser, every rule and error text as released.
 * a Python call list ``[f(a=1), g(b="x")]`` (:func:`parse_python_calls`, prompt mode ``toolace_llama``) —
   the output format of bfcl's default prompting system prompt. Read with :mod:`ast`; argument values
   must be literals (``ast.literal_eval`` on the node, which never evaluates code).
@@ -18,7 +18,7 @@ produce, and only there to bound work on hostile input arriving through the HTTP
   the arguments in the executor and verifier far from Python's recursion limit).
 * names longer than :data:`MAX_NAME_CHARS_SHOWN` are shortened inside error messages.
 
-The ``<tool_call>`` matcher is a linear-time equivalent of upstream's regular expression
+The ``<tool_call>`` matcher is a linear-time equivalent of the released parser's regular expression
 :data:`TOOL_CALL_PATTERN` (whose backtracking is quadratic on unterminated, repeated blocks — a real
 degenerate-policy output); ``tests/test_parser.py`` checks the equivalence on random inputs.
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 from env_service.calls import ToolCall
 
-#: Upstream's pattern (used with ``re.DOTALL``); kept as the reference for the linear matcher below.
+#: The released parser's pattern (used with ``re.DOTALL``); the reference for the linear matcher below.
 TOOL_CALL_PATTERN = r"<tool_call>\s*\n?({.*?})\s*\n?\</tool_call>"
 
 MAX_TEXT_CHARS = 1_000_000
@@ -45,7 +45,7 @@ MAX_NAME_CHARS_SHOWN = 200
 _OPEN_TAG = "<tool_call>"
 _CLOSE_TAG = "</tool_call>"
 
-# SPEC §2.6 error texts (verbatim).
+# The released parser's error texts (verbatim).
 ERR_NO_VALID_BLOCK = "Found tool_call tag text, but no valid <tool_call>{...}</tool_call> block."
 ERR_MISSING_KEYS = "Tool call JSON must contain both 'name' and 'arguments'."
 
@@ -55,7 +55,7 @@ class ParsedMessage:
     """What the assistant said: free text, the calls it made, and why some could not be read.
 
     ``errors`` is filled in strict mode only; in lenient mode unreadable calls are dropped silently.
-    ``call_ids`` are upstream's ids ``<name>_<k>`` (k counts accepted calls from 1).
+    ``call_ids`` are the released environment's ids ``<name>_<k>`` (k counts accepted calls from 1).
     """
 
     content: str
@@ -68,7 +68,7 @@ class ParsedMessage:
 
     @property
     def error_text(self) -> str:
-        """Errors joined as in the environment's reply (SPEC §2.6.4)."""
+        """Errors joined as in the environment's reply."""
         return "; ".join(self.errors)
 
 
@@ -89,7 +89,7 @@ def _as_text(text: Any) -> str:
 
 
 def shown_name(name: Any) -> str:
-    """``name`` as it appears inside an error message (``str()`` like upstream's f-strings)."""
+    """``name`` as it appears inside an error message (``str()`` like the released environment's f-strings)."""
     try:
         text = str(name)
     except Exception:
@@ -188,7 +188,7 @@ def find_tool_call_blocks(text: str) -> list[tuple[int, int, str]]:
 
 
 def _remove_blocks(text: str, blocks: list[tuple[int, int, str]]) -> str:
-    """Upstream's content cleaning: drop the blocks, strip, collapse blank-line runs, strip."""
+    """The released parser's content cleaning: drop the blocks, strip, collapse blank-line runs, strip."""
     pieces, last = [], 0
     for start, end, _ in blocks:
         pieces.append(text[last:start])
@@ -223,9 +223,9 @@ def _read_block(json_text: str, strict: bool) -> tuple[ToolCall | None, str | No
 
 
 def parse_tool_calls(text: Any, strict: bool = True) -> ParsedMessage:
-    """SPEC §2.6: the ``<tool_call>{json}</tool_call>`` blocks of ``text``.
+    """The ``<tool_call>{json}</tool_call>`` blocks of ``text``.
 
-    Rules (upstream ``xml_json`` parser): text outside blocks is kept as ``content``; no block at all
+    Rules (the released ``xml_json`` parser): text outside blocks is kept as ``content``; no block at all
     while the text mentions ``<tool_call`` / ``</tool_call>`` is an error (strict); per block, invalid
     JSON is an error, a non-object JSON value is skipped silently, missing ``name``/``arguments`` is an
     error, and in strict mode string ``arguments`` are JSON-decoded and must end up an object. In lenient

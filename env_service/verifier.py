@@ -21,18 +21,18 @@ model call gets ``call_budget_s``, the whole replay ``evaluate_budget_s``; calls
 stopped are not run again (their recorded text stands in), and model results are clipped to
 ``max_reply_bytes`` (a ground-truth result is at most 31 KB, so no verdict can change).
 
-Progress tags (SPEC B §3.2, one per GT turn; model turns padded with empty turns when the episode ended
-early, ``terminated_early``), first match wins:
+Progress tags (the released code's vocabulary, one per GT turn; model turns padded with empty turns when the
+episode ended early, ``terminated_early``), first match wins:
   ``gt_error`` (a GT call could not be parsed/executed), ``budget_exceeded`` (a model call of the turn was
   stopped or skipped by a time budget or the state limit, when the episode ran or during this replay: the
   turn fails, and so does the verdict, whatever the GT of the turn), GT empty -> ``spurious_tool_call`` (model made
   a call) or ``correct_abstention``; ``empty_turn_model_response``; ``instance_mismatch``;
   ``state_mismatch``; ``response_mismatch`` (``checker_error`` if a checker raised); else ``pass``.
-  Unlike upstream SEAL, the tags use fresh state (SPEC A5.2), so they agree with the verdict.
+  The tags use fresh state, so they agree with the verdict (docs/upstream-differences.md).
   ``progress = passed / scorable`` (scorable = GT-non-empty turns),
   ``progress_with_irrelevance = (passed + passed_irrelevance) / (scorable + irrelevance)``.
 
-Paper labels (SPEC A2 / Table 5), one per GT turn. A turn tagged ``pass`` or ``correct_abstention`` is
+Paper labels (the paper's Table 5), one per GT turn. A turn tagged ``pass`` or ``correct_abstention`` is
 labelled ``pass``; ``gt_error`` / ``checker_error`` keep their tag as label (not a model failure, ignored
 by A-Patch). Every other (failing) turn gets the first label whose evidence holds, in the paper's
 priority order:
@@ -62,60 +62,41 @@ priority order:
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from env_service import _bfcl
 from env_service.calls import ToolCall, parse_call_string
 from env_service.config import RewardConfig, ServiceLimits
-from env_service.executor import (
-    ERROR_PREFIX,
-    BackendSession,
-    CallOverBudget,
-    clip_text,
-)
+from env_service.executor import BackendSession, CallOverBudget, clip_text
 from env_service.tasks import Task, load_task
-
-# -- vocabularies ---------------------------------------------------------------------------------
-
-TAG_PASS = "pass"
-TAG_CORRECT_ABSTENTION = "correct_abstention"
-TAG_SPURIOUS_TOOL_CALL = "spurious_tool_call"
-TAG_EMPTY_TURN = "empty_turn_model_response"
-TAG_INSTANCE_MISMATCH = "instance_mismatch"
-TAG_STATE_MISMATCH = "state_mismatch"
-TAG_RESPONSE_MISMATCH = "response_mismatch"
-TAG_CHECKER_ERROR = "checker_error"
-TAG_GT_ERROR = "gt_error"
-TAG_BUDGET_EXCEEDED = "budget_exceeded"
-TAGS: tuple[str, ...] = (
-    TAG_PASS,
-    TAG_CORRECT_ABSTENTION,
-    TAG_SPURIOUS_TOOL_CALL,
-    TAG_EMPTY_TURN,
-    TAG_INSTANCE_MISMATCH,
-    TAG_STATE_MISMATCH,
-    TAG_RESPONSE_MISMATCH,
-    TAG_CHECKER_ERROR,
-    TAG_GT_ERROR,
+from env_service.vocabulary import (
+    EXECUTION_ERROR_PREFIX,
+    LABEL_ARGUMENT_MISMATCH,
+    LABEL_INVALID_TOOL_CALL,
+    LABEL_MISSING_TOOL_CALL,
+    LABEL_PASS,
+    LABEL_RECOVERY_FAILURE,
+    LABEL_RESPONSE_MISMATCH,
+    LABEL_STATE_MISMATCH,
     TAG_BUDGET_EXCEEDED,
+    TAG_CHECKER_ERROR,
+    TAG_CORRECT_ABSTENTION,
+    TAG_EMPTY_TURN,
+    TAG_GT_ERROR,
+    TAG_INSTANCE_MISMATCH,
+    TAG_PASS,
+    TAG_RESPONSE_MISMATCH,
+    TAG_SPURIOUS_TOOL_CALL,
+    TAG_STATE_MISMATCH,
+    is_execution_error,
 )
 
-LABEL_PASS = "pass"
-PAPER_LABELS: tuple[str, ...] = (  # Table 5, highest priority first
-    "invalid_tool_call",
-    "argument_mismatch",
-    "state_mismatch",
-    "recovery_failure",
-    "missing_tool_call",
-    "response_mismatch",
-)
-LABELS: tuple[str, ...] = (LABEL_PASS, *PAPER_LABELS, TAG_CHECKER_ERROR, TAG_GT_ERROR)
-
+# bfcl's error_type of a failed verdict (the ``multi_turn:*`` names are bfcl's; budget_exceeded is ours).
 ERROR_FORCE_TERMINATED = "multi_turn:force_terminated"
 ERROR_EMPTY_TURN = "multi_turn:empty_turn_model_response"
 ERROR_STATE_MISMATCH = "multi_turn:instance_state_mismatch"
@@ -205,19 +186,6 @@ def _clamp01(x: float) -> float:
     return min(1.0, max(0.0, float(x)))
 
 
-def is_execution_error(result: str) -> bool:
-    """True for bfcl-style error results: ``Error during execution: ...``, ``{"error": ...}``, ``['Error: ...']``."""
-    if result.startswith(ERROR_PREFIX) or result.startswith("['Error:"):
-        return True
-    if result.startswith("{"):
-        try:
-            parsed = json.loads(result)
-        except ValueError:
-            return False
-        return isinstance(parsed, dict) and "error" in parsed
-    return False
-
-
 def _same_value(a: Any, b: Any) -> bool:
     """JSON-kind-aware equality: ints and floats compare numerically, bools/strings/containers by kind."""
     numeric = (int, float)
@@ -251,7 +219,7 @@ class _Turn:
 
 def over_budget_text(why: str) -> str:
     """The result text of a call a budget stopped or skipped (an execution error, like bfcl's)."""
-    return f"{ERROR_PREFIX}{why}"
+    return f"{EXECUTION_ERROR_PREFIX}{why}"
 
 
 class _ReplayBudget:
@@ -369,7 +337,8 @@ def _match_on_required(
 def _argument_mismatch(turn: _Turn, required: dict[str, list[str]]) -> bool:
     gt_names = {call.name for call in turn.gt_calls}
     for call, result in zip(turn.record.calls, turn.model_results):
-        if call.name in gt_names and result.startswith(ERROR_PREFIX) and _ARGUMENT_ERROR.search(result):
+        argument_error = result.startswith(EXECUTION_ERROR_PREFIX) and _ARGUMENT_ERROR.search(result)
+        if call.name in gt_names and argument_error:
             return True
     for name in gt_names:
         gt_of_name = [c for c in turn.gt_calls if c.name == name]
@@ -392,16 +361,16 @@ def _turn_label(turn: _Turn, tool_names: frozenset[str], required: dict[str, lis
         return turn.tag
     record = turn.record
     if record.parse_errors or record.rejected_calls or any(c.name not in tool_names for c in record.calls):
-        return "invalid_tool_call"
+        return LABEL_INVALID_TOOL_CALL
     if _argument_mismatch(turn, required):
-        return "argument_mismatch"
+        return LABEL_ARGUMENT_MISMATCH
     if turn.tag in (TAG_STATE_MISMATCH, TAG_INSTANCE_MISMATCH):
-        return "state_mismatch"
+        return LABEL_STATE_MISMATCH
     if any(is_execution_error(result) for result in turn.model_results):
-        return "recovery_failure"
+        return LABEL_RECOVERY_FAILURE
     if turn.tag in (TAG_EMPTY_TURN, TAG_SPURIOUS_TOOL_CALL) or _fewer_calls_than_gt(turn):
-        return "missing_tool_call"
-    return "response_mismatch"
+        return LABEL_MISSING_TOOL_CALL
+    return LABEL_RESPONSE_MISMATCH
 
 
 # -- public API -----------------------------------------------------------------------------------
@@ -448,7 +417,7 @@ def evaluate_episode(
 
 
 def reward_from(evaluation: Evaluation, cfg: RewardConfig) -> float:
-    """Scalar reward (SPEC B §4.3): binary verdict, capped partial credit, or T3RL-style credit."""
+    """Scalar reward: binary verdict, capped partial credit, or T3RL-style credit."""
     if evaluation.valid:
         return 1.0
     if cfg.mode == "binary":

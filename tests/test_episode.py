@@ -324,13 +324,35 @@ def test_episodes_are_independent(base0):
     assert "only_in_first" not in second.step(call("ls")).message["content"]
 
 
-def test_bad_mode_and_non_string_names(base0):
+@pytest.mark.parametrize("mode", ["bogus", "val", "validation", "test", "sample"])
+def test_only_train_and_validate_modes_exist(base0, mode):
     with pytest.raises(ValueError, match="unknown episode mode"):
-        Episode(base0, "bogus")
+        Episode(base0, mode)
+
+
+@pytest.mark.parametrize("enforce, strict", list(itertools.product([True, False], repeat=2)))
+@pytest.mark.parametrize("name, kind", [('["x"]', "list"), ('{"a": 1}', "dict")])
+def test_list_or_object_tool_names_read_as_released(base0, enforce, strict, name, kind):
+    # The released environment looks the name up in a set; a list or an object raises there, and the message
+    # is what the model reads. Nothing runs, also not the valid call before it.
+    config = train(enforce_available_tools=enforce, strict_tool_parser=strict)
+    episode = Episode(base0, "validate", config)
+    bad = f'<tool_call>{{"name": {name}, "arguments": {{}}}}</tool_call>'
+    result = episode.step(call("mkdir", dir_name="new") + bad)
+    assert result.message["content"] == f"[ERROR] Invalid tool call format: unhashable type: '{kind}'"
+    assert result.info["num_calls"] == 0 and result.info["num_rejected_calls"] == 2
+    assert "new" not in episode.step(call("ls")).message["content"]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("[]", "Missing function name in tool call."),
+    ("null", "Missing function name in tool call."),
+    ("5", "Tool '5' is not available in the current tool list."),
+])
+def test_empty_null_and_number_tool_names_read_as_released(base0, name, text):
     episode = Episode(base0, "validate")
-    assert episode.step('<tool_call>{"name": ["x"], "arguments": {}}</tool_call>').message["content"] == (
-        "[ERROR] Invalid tool call format: Tool '['x']' is not available in the current tool list."
-    )
+    reply = episode.step(f'<tool_call>{{"name": {name}, "arguments": {{}}}}</tool_call>').message["content"]
+    assert reply == f"[ERROR] Invalid tool call format: {text}"
 
 
 # --- recovery feedback on real BFCL errors -------------------------------------------------------
@@ -339,6 +361,16 @@ def test_bad_mode_and_non_string_names(base0):
 def _feedback_replies(task, mode: str, texts: list[str]) -> list[str]:
     episode = Episode(task, mode, train(tool_feedback_evolution={"enable": True}))
     return [episode.step(text).message["content"] for text in texts]
+
+
+def test_tradingbot_error_list_is_a_tool_error_without_a_hint():
+    # One rule (the verifier's) says whether a result is an error; the text stays the released one: no hint.
+    episode = Episode(load_task("multi_turn_base_100"), "train", train(tool_feedback_evolution={"enable": True}))
+    episode.step(call("trading_logout"))
+    result = episode.step(call("get_watchlist"))
+    error = "['Error: User not authenticated. Please log in to view the watchlist.']"
+    assert result.message["content"] == f"<tool_response>\n{error}\n</tool_response>\n"
+    assert result.info["error_type"] == "tool_error" and result.info["num_tool_errors"] == 1
 
 
 def test_feedback_hints_on_real_bfcl_errors(base0):

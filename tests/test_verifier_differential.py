@@ -21,8 +21,6 @@ from env_service.calls import ToolCall, format_call_string, parse_call_string
 from env_service.config import RewardConfig
 from env_service.tasks import CATEGORIES, all_task_ids, load_task
 from env_service.verifier import (
-    LABELS,
-    TAGS,
     Evaluation,
     TurnRecord,
     evaluate_calls,
@@ -30,6 +28,7 @@ from env_service.verifier import (
     reward_from,
     score_record,
 )
+from env_service.vocabulary import LABELS, PROGRESS_TAGS
 
 SEED = 20240611
 KINDS = (
@@ -211,7 +210,7 @@ def test_perturbations_match_bfcl_verdicts():
 
 def _check_tag_consistency(task, turns, evaluation: Evaluation) -> None:
     assert len(evaluation.tags) == len(evaluation.labels) == len(task.ground_truth)
-    assert set(evaluation.tags) <= set(TAGS) and set(evaluation.labels) <= set(LABELS)
+    assert set(evaluation.tags) <= set(PROGRESS_TAGS) and set(evaluation.labels) <= set(LABELS)
     scorable = [tag for tag, gt in zip(evaluation.tags, task.ground_truth) if gt]
     all_scorable_pass = all(tag == "pass" for tag in scorable)
     # tags come from the same fresh replay as the verdict, so they agree with it
