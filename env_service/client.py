@@ -28,6 +28,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from env_service.auth import AUTH_HEADER, RUN_ID_HEADER, resolve_secret
+from env_service.errors import ManagerError
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +266,6 @@ class InProcessEnvClient(_ClientAPI):
 
     @staticmethod
     def _guarded(fn, payload):
-        from env_service.manager import ManagerError
-
         try:
             return fn(payload)
         except ManagerError as error:

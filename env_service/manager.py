@@ -4,7 +4,7 @@ The HTTP service (``service.py``) and the in-process client (``client.py``) are 
 :class:`EpisodeManager`; everything that decides *whether* a request is acceptable lives here, so the
 two transports behave identically.
 
-Concurrency model (SPEC B §2.3 keeps one Ray actor per episode; we keep one lock per episode):
+Concurrency model (the released environment keeps one Ray actor per episode; we keep one lock per episode):
 
 * ``_lock`` guards the instance dict and the counters only; it is never held while an episode works,
   so one slow step never blocks the creation or stepping of other episodes.
@@ -14,8 +14,8 @@ Concurrency model (SPEC B §2.3 keeps one Ray actor per episode; we keep one loc
   a handle, time budgets can interrupt backend calls there, and an episode whose worker had to be
   replaced fails with :class:`EpisodeLost` while every other episode goes on.
 
-Errors are typed (:class:`ManagerError` subclasses carrying an HTTP status and a short code); the
-service maps them to 4xx bodies ``{"error": code, "detail": message}``. Anything else that escapes an
+Errors are typed (``errors.py``: :class:`ManagerError` subclasses carrying an HTTP status and a short
+code); the service maps them to 4xx bodies ``{"error": code, "detail": message}``. Anything else that escapes an
 episode is a bug on our side: it is logged with its traceback and surfaces as :class:`EpisodeFailure`
 (500, short message, no traceback).
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import threading
 import time
 import uuid
@@ -40,6 +39,22 @@ from typing import Any
 
 from env_service import tasks as tasks_mod
 from env_service.config import EnvConfig, RewardConfig, ServiceLimits
+from env_service.episode import Episode
+from env_service.errors import (
+    BadRequest,
+    CapacityExceeded,
+    Conflict,
+    EpisodeFailure,
+    EpisodeLost,
+    InvalidConfig,
+    InvalidContent,
+    ManagerError,
+    PayloadTooLarge,
+    UnknownInstance,
+    UnknownTask,
+)
+from env_service.json_safe import json_safe
+from env_service.workers import WorkerBusy, WorkerLost, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -62,119 +77,8 @@ EVALUATION_CACHE_TTL_S = 600.0
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------
-
-
-class ManagerError(Exception):
-    """Base of the errors a caller can act on. ``status``: the HTTP status the service answers."""
-
-    status = 400
-    code = "bad_request"
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-    def to_dict(self) -> dict[str, str]:
-        return {"error": self.code, "detail": self.message}
-
-
-class BadRequest(ManagerError):
-    status, code = 400, "bad_request"
-
-
-class InvalidConfig(BadRequest):
-    """``params`` / ``reward`` rejected by the config validator (unknown key, wrong type)."""
-
-    status, code = 422, "invalid_config"
-
-
-class InvalidContent(BadRequest):
-    """The assistant text cannot be processed at all (e.g. lone surrogates: not valid Unicode)."""
-
-    status, code = 422, "invalid_content"
-
-
-class UnknownTask(ManagerError):
-    status, code = 404, "unknown_task"
-
-
-class UnknownInstance(ManagerError):
-    status, code = 404, "unknown_instance"
-
-
-class Conflict(ManagerError):
-    """The request contradicts the episode's state (duplicate id, stepping a finished episode, ...)."""
-
-    status, code = 409, "conflict"
-
-
-class PayloadTooLarge(ManagerError):
-    status, code = 413, "payload_too_large"
-
-
-class CapacityExceeded(ManagerError):
-    """Too many live episodes; retry later (the service answers 503 so clients back off and retry)."""
-
-    status, code = 503, "capacity_exceeded"
-
-
-class EpisodeFailure(ManagerError):
-    """An unexpected exception inside an episode (a bug on our side; logged with its traceback)."""
-
-    status, code = 500, "episode_failure"
-
-
-class EpisodeLost(ManagerError):
-    """The worker process holding the episode died or was killed (it stopped answering); start a new one."""
-
-    status, code = 500, "episode_lost"
-
-
-# ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def _episode_api():
-    """Import the episode module lazily: it pulls in bfcl-eval, which the CLI's ``--help`` needs not."""
-    from env_service import episode as episode_mod
-
-    return episode_mod
-
-
-def _json_safe(value: Any) -> Any:
-    """A deep copy of ``value`` that encodes as strict JSON (NaN/inf -> None, tuples -> lists).
-
-    Responses leave the manager through this so that callers never share mutable state with a live
-    episode and the in-process client returns exactly what the HTTP client would decode.
-    """
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (ValueError, TypeError, RecursionError):
-        # Rare (a non-finite float, a non-JSON type, or hostile input echoed back many levels
-        # deep): sanitise with an explicit depth bound instead of failing the whole response.
-        return json.loads(json.dumps(_sanitise(value, 0), allow_nan=False))
-
-
-_MAX_RESPONSE_DEPTH = 64
-
-
-def _sanitise(value: Any, depth: int) -> Any:
-    if depth > _MAX_RESPONSE_DEPTH:
-        return "<truncated: nested too deeply>"
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):  # beyond ~4300 digits int -> str raises ValueError
-        return value if value.bit_length() < 14000 else "<integer too large>"
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _sanitise(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_sanitise(v, depth + 1) for v in value]
-    return str(value)
 
 
 def _check_content(content: Any) -> str:
@@ -203,7 +107,7 @@ def _check_content(content: Any) -> str:
     return content
 
 
-def _check_instance_id(instance_id: Any, what: str = "instance_id") -> str:
+def check_instance_id(instance_id: Any, what: str = "instance_id") -> str:
     if not isinstance(instance_id, str) or not instance_id:
         raise BadRequest(f"'{what}' must be a non-empty string")
     if len(instance_id) > MAX_INSTANCE_ID_LEN or not instance_id.isprintable():
@@ -293,8 +197,6 @@ class EpisodeManager:
         self.reclaim_interval_s = limits.reclaim_interval_s
         self._pool = None
         if workers:
-            from env_service.workers import WorkerPool
-
             self._pool = WorkerPool(workers, limits)
         self._clock = clock
         self._started = clock()
@@ -338,7 +240,7 @@ class EpisodeManager:
         return self._known_tasks
 
     def _slot(self, instance_id: Any) -> _Slot:
-        instance_id = _check_instance_id(instance_id)
+        instance_id = check_instance_id(instance_id)
         with self._lock:
             slot = self._slots.get(instance_id)
         if slot is None:
@@ -364,8 +266,6 @@ class EpisodeManager:
 
     def _guard(self, what: str, slot: _Slot, fn, *args):
         """Run an episode method; unexpected exceptions become EpisodeFailure (logged, 500)."""
-        from env_service.workers import WorkerBusy, WorkerLost
-
         try:
             return fn(*args)
         except ManagerError:
@@ -405,7 +305,7 @@ class EpisodeManager:
         config = _config_from_params(params)
         fingerprint = _request_fingerprint(task_id, mode, params)
         if instance_id is not None:
-            instance_id = _check_instance_id(instance_id)
+            instance_id = check_instance_id(instance_id)
             replay = self._replayed_create(instance_id, fingerprint)
             if replay is not None:
                 return replay
@@ -427,7 +327,7 @@ class EpisodeManager:
         extra = getattr(episode, "info", None)
         if isinstance(extra, dict):
             info = {**extra, **info}
-        initial = _json_safe({"instance_id": instance_id, "messages": messages, "info": info})
+        initial = json_safe({"instance_id": instance_id, "messages": messages, "info": info})
         now = self._clock()
         self._register(_Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner))
         return copy.deepcopy(initial)
@@ -452,15 +352,13 @@ class EpisodeManager:
 
     def _start_episode(self, task, mode: str, config: EnvConfig, run_id: str | None = None, key: str = ""):
         """Build the episode and its first messages; TRAIN episodes get their run's latest failure profile."""
-        from env_service.workers import WorkerBusy, WorkerLost
-
         profile_state = self.get_profile(run_id) if mode == "train" else None
         profile = profile_state["profile"] if profile_state else None
         try:
             if self._pool is not None:
                 episode = self._pool.create(key, task.id, mode, config, profile)
             else:
-                episode = _episode_api().Episode(task, mode, config, profile, self.limits)
+                episode = Episode(task, mode, config, profile, self.limits)
             messages = episode.initial_messages()
         except (WorkerLost, WorkerBusy) as error:  # retrying the create is safe
             raise CapacityExceeded(f"cannot start an episode for {task.id} now ({error}); retry") from None
@@ -584,7 +482,7 @@ class EpisodeManager:
         result = slot.episode.step(content)
         info = dict(result.info or {})
         info.setdefault("step", slot.steps)
-        return _json_safe(
+        return json_safe(
             {"message": result.message, "extra_messages": result.extra_messages,
              "terminated": bool(result.terminated), "info": info}
         )
@@ -609,7 +507,7 @@ class EpisodeManager:
                 raise
             return cached
         try:
-            result = _json_safe(self._guard("evaluate", slot, slot.episode.evaluate, reward_cfg))
+            result = json_safe(self._guard("evaluate", slot, slot.episode.evaluate, reward_cfg))
             self._touch(slot)
         finally:
             slot.lock.release()
@@ -639,7 +537,7 @@ class EpisodeManager:
 
     def release(self, instance_id: Any) -> bool:
         """Forget an episode; False when it was not live (already released or reclaimed)."""
-        instance_id = _check_instance_id(instance_id)
+        instance_id = check_instance_id(instance_id)
         with self._lock:
             slot = self._slots.pop(instance_id, None)
             if slot is not None:
@@ -774,19 +672,4 @@ class EpisodeManager:
         return len(slots)
 
 
-__all__ = [
-    "MAX_CONTENT_BYTES",
-    "MODES",
-    "BadRequest",
-    "CapacityExceeded",
-    "Conflict",
-    "EpisodeFailure",
-    "EpisodeLost",
-    "EpisodeManager",
-    "InvalidConfig",
-    "InvalidContent",
-    "ManagerError",
-    "PayloadTooLarge",
-    "UnknownInstance",
-    "UnknownTask",
-]
+__all__ = ["MAX_CONTENT_BYTES", "MODES", "EpisodeManager", "check_instance_id"]

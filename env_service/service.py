@@ -44,7 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_service.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
-from env_service.manager import EpisodeManager, ManagerError, _sanitise
+from env_service.errors import ManagerError
+from env_service.json_safe import sanitise
+from env_service.manager import EpisodeManager, check_instance_id
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ class SafeJSONResponse(JSONResponse):
             ).encode("utf-8")
         except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
             return json.dumps(
-                _sanitise(content, 0), ensure_ascii=True, allow_nan=False, separators=(",", ":")
+                sanitise(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")
             ).encode("ascii")
 
 
@@ -363,10 +365,8 @@ class SecretMiddleware:
 
 def _run_id(request: Request) -> str | None:
     """The caller's run id (header), or None; validated like an instance id (it keys server state)."""
-    from env_service.manager import _check_instance_id
-
     value = request.headers.get(RUN_ID_HEADER)
-    return None if value is None else _check_instance_id(value, what="run id")
+    return None if value is None else check_instance_id(value, what="run id")
 
 
 def _owner(request: Request, run_id: str | None) -> str:

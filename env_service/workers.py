@@ -33,7 +33,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from env_service import tasks
 from env_service.config import ServiceLimits
+from env_service.episode import Episode
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +81,6 @@ def _limit_memory(mib: int) -> None:
 def _worker_main(conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the service, which then stops us
     limits: ServiceLimits = conn.recv()
-    from env_service import episode as episode_mod
-    from env_service import tasks
-
     ids = tasks.task_ids("all")
     tasks.load_task(ids[0])  # the whole table, once
     _limit_memory(limits.worker_memory_mib)
@@ -93,7 +92,7 @@ def _worker_main(conn) -> None:
         except (EOFError, OSError):  # the service is gone
             return
         try:
-            reply = (True, _handle(episode_mod, tasks, episodes, limits, op, key, args))
+            reply = (True, _handle(episodes, limits, op, key, args))
         except ValueError as error:
             reply = (False, ("ValueError", str(error)[:2000]))
         except Exception as error:  # noqa: BLE001 - reported to the parent, which logs it
@@ -102,10 +101,10 @@ def _worker_main(conn) -> None:
         conn.send(reply)
 
 
-def _handle(episode_mod, tasks, episodes: dict, limits: ServiceLimits, op: str, key: str, args: tuple):
+def _handle(episodes: dict, limits: ServiceLimits, op: str, key: str, args: tuple):
     if op == "create":
         task_id, mode, config, profile = args
-        episode = episode_mod.Episode(tasks.load_task(task_id), mode, config, profile, limits)
+        episode = Episode(tasks.load_task(task_id), mode, config, profile, limits)
         messages = episode.initial_messages()
         episodes[key] = episode
         return messages, episode.info

@@ -1,0 +1,88 @@
+"""The errors a caller of the environment service can act on, each with its HTTP status and short code.
+
+The episode registry (``manager.py``) raises them; the HTTP service answers ``{"error": code, "detail":
+message}`` with ``status``, and the in-process client turns them into the same ``EnvServiceError``.
+"""
+
+from __future__ import annotations
+
+
+class ManagerError(Exception):
+    """Base of the errors a caller can act on. ``status``: the HTTP status the service answers."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, str]:
+        return {"error": self.code, "detail": self.message}
+
+
+class BadRequest(ManagerError):
+    status, code = 400, "bad_request"
+
+
+class InvalidConfig(BadRequest):
+    """``params`` / ``reward`` rejected by the config validator (unknown key, wrong type)."""
+
+    status, code = 422, "invalid_config"
+
+
+class InvalidContent(BadRequest):
+    """The assistant text cannot be processed at all (e.g. lone surrogates: not valid Unicode)."""
+
+    status, code = 422, "invalid_content"
+
+
+class UnknownTask(ManagerError):
+    status, code = 404, "unknown_task"
+
+
+class UnknownInstance(ManagerError):
+    status, code = 404, "unknown_instance"
+
+
+class Conflict(ManagerError):
+    """The request contradicts the episode's state (duplicate id, stepping a finished episode, ...)."""
+
+    status, code = 409, "conflict"
+
+
+class PayloadTooLarge(ManagerError):
+    status, code = 413, "payload_too_large"
+
+
+class CapacityExceeded(ManagerError):
+    """Too many live episodes; retry later (the service answers 503 so clients back off and retry)."""
+
+    status, code = 503, "capacity_exceeded"
+
+
+class EpisodeFailure(ManagerError):
+    """An unexpected exception inside an episode (a bug on our side; logged with its traceback)."""
+
+    status, code = 500, "episode_failure"
+
+
+class EpisodeLost(ManagerError):
+    """The worker process holding the episode died or was killed (it stopped answering); start a new one."""
+
+    status, code = 500, "episode_lost"
+
+
+__all__ = [
+    "BadRequest",
+    "CapacityExceeded",
+    "Conflict",
+    "EpisodeFailure",
+    "EpisodeLost",
+    "InvalidConfig",
+    "InvalidContent",
+    "ManagerError",
+    "PayloadTooLarge",
+    "UnknownInstance",
+    "UnknownTask",
+]
