@@ -28,6 +28,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from env_service.auth import AUTH_HEADER, RUN_ID_HEADER, resolve_secret
+from env_service.endpoints import BY_ROUTE, Caller, Endpoint
 from env_service.errors import ManagerError
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ class InProcessEnvClient(_ClientAPI):
 
     def __init__(self, manager=None, run_id: str | None = None):
         super().__init__()
-        if manager is None:
+        if manager is None:  # imported here: HTTP clients need not load the episodes' code
             from env_service.manager import EpisodeManager
 
             manager = EpisodeManager()
@@ -248,26 +249,16 @@ class InProcessEnvClient(_ClientAPI):
         self.run_id = run_id or None
 
     def _call(self, endpoint: str, payload: dict) -> Any:
-        m, run_id = self.manager, self.run_id
-        handlers = {
-            "create": lambda p: m.create(p["task_id"], p["mode"], p["params"], p["instance_id"],
-                                         owner=run_id or "in-process", run_id=run_id),
-            "step": lambda p: m.step(p["instance_id"], p["content"], p["seq"]),
-            "evaluate": lambda p: m.evaluate(p["instance_id"], p["reward"], p["release"]),
-            "release": lambda p: {"released": m.release(p["instance_id"])},
-            "profile": lambda p: m.set_profile(p["profile"], run_id),
-        }
-        return self._guarded(handlers[endpoint], payload)
+        return self._dispatch(BY_ROUTE[("POST", endpoint)], payload)
 
     def _get(self, endpoint: str) -> Any:
         if endpoint == "health":
             return {"status": "ok", **self.manager.stats()}
-        return self._guarded(lambda _: self.manager.get_profile(self.run_id), None)
+        return self._dispatch(BY_ROUTE[("GET", endpoint)], {})
 
-    @staticmethod
-    def _guarded(fn, payload):
+    def _dispatch(self, endpoint: Endpoint, payload: dict) -> Any:
         try:
-            return fn(payload)
+            return endpoint(self.manager, payload, Caller(self.run_id, self.run_id or "in-process"))
         except ManagerError as error:
             raise EnvServiceError(error.status, error.message, error.code) from None
 

@@ -1,6 +1,6 @@
 """The environment service: a FastAPI app over :class:`~env_service.manager.EpisodeManager`.
 
-Endpoints (JSON bodies; responses are JSON; errors are ``{"error": code, "detail": message}``):
+Endpoints (routes built from :data:`env_service.endpoints.ENDPOINTS`; JSON bodies; responses are JSON; errors are ``{"error": code, "detail": message}``):
 
 =================  ==========================================================  =====================
 ``POST /create``   ``{task_id, mode: "train"|"validate", params: {}, instance_id?}``  ``{instance_id, messages, info}``
@@ -17,7 +17,7 @@ stepping a finished episode, wrong ``seq``), 413 body or content too large, 422 
 field types or invalid config, 503 too many live episodes, 500 only for a bug on our side (short
 message; the traceback goes to the server log, never into the response).
 
-Compared with upstream (SPEC B §2.2): typed per-endpoint bodies instead of one generic envelope, no
+Compared with the released environment's service: typed per-endpoint bodies instead of one generic envelope, no
 ``{"success", "data"}`` wrapper, errors never carry tracebacks, and episode work runs in a thread pool
 (bfcl backends are synchronous, CPU-bound Python) so the event loop keeps serving other episodes.
 """
@@ -26,24 +26,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hmac
+import inspect
 import json
 import logging
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_service.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
+from env_service.endpoints import ENDPOINTS, Caller, Endpoint
 from env_service.errors import ManagerError
 from env_service.json_safe import sanitise
 from env_service.manager import EpisodeManager, check_instance_id
@@ -83,53 +84,8 @@ class HttpLimits:
 
 
 # ---------------------------------------------------------------------------------------------
-# Request / response models
+# Error body (the request and response models are in endpoints.py)
 # ---------------------------------------------------------------------------------------------
-
-
-class _Body(BaseModel):
-    # Unknown fields are refused: a misspelt field name ("instanceid") must not be silently ignored.
-    model_config = ConfigDict(extra="forbid")
-
-
-class CreateRequest(_Body):
-    task_id: str
-    mode: Literal["train", "validate"]
-    params: dict[str, Any] = Field(default_factory=dict)
-    instance_id: str | None = None
-
-
-class StepRequest(_Body):
-    instance_id: str
-    content: str
-    seq: Annotated[int, Field(ge=0, strict=True)] | None = None
-
-
-class EvaluateRequest(_Body):
-    instance_id: str
-    reward: dict[str, Any] | None = None
-    release: bool = False  # release the episode once evaluated (saves the /release round trip)
-
-
-class ReleaseRequest(_Body):
-    instance_id: str
-
-
-class ProfileRequest(_Body):
-    profile: dict[str, Any]
-
-
-class CreateResponse(BaseModel):
-    instance_id: str
-    messages: list[dict[str, Any]]
-    info: dict[str, Any]
-
-
-class StepResponse(BaseModel):
-    message: dict[str, Any]
-    extra_messages: list[dict[str, Any]] = []  # ipython mode: one message per tool result
-    terminated: bool
-    info: dict[str, Any]
 
 
 class ErrorResponse(BaseModel):
@@ -446,37 +402,32 @@ async def _run(request: Request, fn, *args):
     return SafeJSONResponse(result)
 
 
+def _route(manager: EpisodeManager, endpoint: Endpoint):
+    """The route function of ``endpoint``: ``(body, request)`` for a POST, ``(request)`` for a GET."""
+
+    async def route(request: Request, body: BaseModel | None = None):
+        caller = Caller(None, "")
+        if endpoint.caller:  # validated here: a bad run id header is a 400 before any work
+            run_id = _run_id(request)
+            caller = Caller(run_id, _owner(request, run_id))
+        return await _run(request, endpoint, manager, {} if body is None else dict(body), caller)
+
+    parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)]
+    if endpoint.body is not None:  # FastAPI reads the body model from the signature
+        parameters.insert(0, inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                               annotation=endpoint.body))
+    route.__signature__ = inspect.Signature(parameters)
+    return route
+
+
 def _install_routes(app: FastAPI, manager: EpisodeManager) -> None:
     errors = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
               409: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
               422: {"model": ErrorResponse}}
-
-    @app.post("/create", response_model=CreateResponse, responses=errors)
-    async def create(body: CreateRequest, request: Request):
-        run_id = _run_id(request)
-        return await _run(request, functools.partial(
-            manager.create, body.task_id, body.mode, body.params, body.instance_id,
-            owner=_owner(request, run_id), run_id=run_id))
-
-    @app.post("/step", response_model=StepResponse, responses=errors)
-    async def step(body: StepRequest, request: Request):
-        return await _run(request, manager.step, body.instance_id, body.content, body.seq)
-
-    @app.post("/evaluate", responses=errors)
-    async def evaluate(body: EvaluateRequest, request: Request):
-        return await _run(request, manager.evaluate, body.instance_id, body.reward, body.release)
-
-    @app.post("/release", responses=errors)
-    async def release(body: ReleaseRequest, request: Request):
-        return await _run(request, lambda: {"released": manager.release(body.instance_id)})
-
-    @app.post("/profile", responses=errors)
-    async def set_profile(body: ProfileRequest, request: Request):
-        return await _run(request, manager.set_profile, body.profile, _run_id(request))
-
-    @app.get("/profile")
-    async def get_profile(request: Request):
-        return await _run(request, manager.get_profile, _run_id(request))
+    for endpoint in ENDPOINTS:
+        app.add_api_route(f"/{endpoint.path}", _route(manager, endpoint), methods=[endpoint.method],
+                          name=endpoint.manager_method, response_model=endpoint.response,
+                          responses=errors if endpoint.body is not None else None)
 
     async def health():
         # Stats take only the manager's short dict lock: answer on the loop, even when the pool

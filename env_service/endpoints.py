@@ -1,0 +1,109 @@
+"""The service's endpoints, written once: the HTTP routes (``service.py``) and the in-process client
+(``client.py``) are both built from :data:`ENDPOINTS`.
+
+Each endpoint names the :class:`~env_service.manager.EpisodeManager` method it calls; the body's fields are
+that method's keyword arguments, so a request means the same on both transports. ``/health`` is not here:
+each transport answers it itself (the HTTP one adds the worker processes and the service id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from env_service.manager import EpisodeManager
+
+
+class _Body(BaseModel):
+    # Unknown fields are refused: a misspelt field name ("instanceid") must not be silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateRequest(_Body):
+    task_id: str
+    mode: Literal["train", "validate"]
+    params: dict[str, Any] = Field(default_factory=dict)
+    instance_id: str | None = None
+
+
+class StepRequest(_Body):
+    instance_id: str
+    content: str
+    seq: Annotated[int, Field(ge=0, strict=True)] | None = None
+
+
+class EvaluateRequest(_Body):
+    instance_id: str
+    reward: dict[str, Any] | None = None
+    release: bool = False  # release the episode once evaluated (saves the /release round trip)
+
+
+class ReleaseRequest(_Body):
+    instance_id: str
+
+
+class ProfileRequest(_Body):
+    profile: dict[str, Any]
+
+
+class CreateResponse(BaseModel):
+    instance_id: str
+    messages: list[dict[str, Any]]
+    info: dict[str, Any]
+
+
+class StepResponse(BaseModel):
+    message: dict[str, Any]
+    extra_messages: list[dict[str, Any]] = []  # ipython mode: one message per tool result
+    terminated: bool
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request. ``run_id``: whose failure profile it reads or writes (None: the anonymous run).
+    ``owner``: whom per-client episode limits count it against."""
+
+    run_id: str | None
+    owner: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """``method`` ``/path`` calls ``manager.<manager_method>(**body, **caller)``.
+
+    ``caller``: the :class:`Caller` fields the method takes (the HTTP route reads and validates the run id
+    header only for these endpoints). ``reply_key``: the method's result is answered as ``{reply_key: result}``.
+    """
+
+    path: str
+    method: Literal["GET", "POST"]
+    manager_method: str
+    body: type[_Body] | None = None
+    response: type[BaseModel] | None = None
+    caller: tuple[str, ...] = ()
+    reply_key: str | None = None
+
+    def __call__(self, manager: EpisodeManager, body: dict[str, Any], caller: Caller) -> Any:
+        result = getattr(manager, self.manager_method)(**body, **{name: getattr(caller, name) for name in self.caller})
+        return result if self.reply_key is None else {self.reply_key: result}
+
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("create", "POST", "create", CreateRequest, CreateResponse, caller=("owner", "run_id")),
+    Endpoint("step", "POST", "step", StepRequest, StepResponse),
+    Endpoint("evaluate", "POST", "evaluate", EvaluateRequest),
+    Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released"),
+    Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id",)),
+    Endpoint("profile", "GET", "get_profile", caller=("run_id",)),
+)
+
+#: (method, path) -> endpoint
+BY_ROUTE: dict[tuple[str, str], Endpoint] = {(e.method, e.path): e for e in ENDPOINTS}
+
+
+__all__ = ["BY_ROUTE", "ENDPOINTS", "Caller", "CreateRequest", "CreateResponse", "Endpoint", "EvaluateRequest",
+           "ProfileRequest", "ReleaseRequest", "StepRequest", "StepResponse"]
