@@ -18,9 +18,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
 from env_service.calls import ToolCall, parse_call_string
+from env_service.client import EnvServiceError
 from env_service.config import EnvConfig
 from env_service.episode import Episode
-from env_service.tasks import CATEGORIES, Task
+from env_service.tasks import CATEGORIES, Task, load_task, parse_task_id
 from env_service.verifier import Evaluation, evaluate_episode
 
 #: The plain-text message that ends a turn during replay.
@@ -146,16 +147,12 @@ class ReplayResult:
 @functools.lru_cache(maxsize=4096)
 def _cached_gt_messages(task_id: str, prompt_mode: str) -> tuple[str, ...]:
     # load_task deep-copies the task (~1-2 ms); the driver should cost nothing next to the service.
-    from env_service import tasks as tasks_mod
-
-    return tuple(ground_truth_messages(tasks_mod.load_task(task_id), prompt_mode))
+    return tuple(ground_truth_messages(load_task(task_id), prompt_mode))
 
 
 def _category_of(task_id: str) -> str:
-    from env_service import tasks as tasks_mod
-
     try:
-        return tasks_mod.parse_task_id(task_id)[0]
+        return parse_task_id(task_id)[0]
     except ValueError:
         return "unknown"
 
@@ -172,8 +169,6 @@ def replay_task(client, task_id: str, mode: str = "validate", params: dict | Non
     ``service_gone``: set here when the service is unreachable (the client's retries are spent);
     once set, tasks are skipped instead of each spending the retries again.
     """
-    from env_service.client import EnvServiceError
-
     started = time.perf_counter()
     params = params or {}
     result = ReplayResult(task_id, _category_of(task_id))
