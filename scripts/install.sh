@@ -51,4 +51,6 @@ else
 fi
 $PIP install -q -e ".[dev]"
 $PIP install -q --no-deps "bfcl-eval==2026.3.23"
+# bfcl-eval's own pins for what importing its model handlers needs (tests compare our prompts with its handlers')
+$PIP install -q "tree_sitter==0.21.3" "tree-sitter-java==0.21.0" "tree-sitter-javascript==0.21.4" tenacity overrides openai
 python -c "import bfcl_eval, verl, env_service, seal; print('seal install OK: verl', verl.__version__)"

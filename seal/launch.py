@@ -250,11 +250,11 @@ def environment_service(config: DictConfig):
     """
     from env_service.auth import resolve_secret
     from env_service.client import EnvClient
-
     from seal import env_services
+
     env = config.env_service
-    if env.url:
     env.run_id = env.run_id or f"{config.trainer.experiment_name}-{env_services.new_service_id()}"
+    if env.url:
         try:
             EnvClient(env.url, timeout_s=5, retries=1, secret=resolve_secret(secret_file=env.secret_file)).health()
         except Exception as exc:
@@ -337,7 +337,7 @@ def prepare(config: DictConfig) -> DictConfig:
     if tiny and tiny.get("build"):
         from seal.tiny_model import build_tiny_model
 
-        build_tiny_model(tiny.out_dir, seed=int(tiny.seed))
+        build_tiny_model(tiny.out_dir, seed=int(tiny.seed), shape=tiny.get("shape", "default"))
     agent = config.actor_rollout_ref.rollout.agent
     if not agent.agent_loop_config_path:
         # verl's AgentLoopWorker reads this list and registers `seal_bfcl` in every agent-loop process.
@@ -362,8 +362,15 @@ def run_environment(config: DictConfig) -> dict[str, str]:
     return env
 
 
+def ray_runtime_env(config: DictConfig, env_vars: dict[str, str]):
+    """The Ray runtime env of the run: our variables, under what the recipe's ``ray_kwargs.ray_init.runtime_env``
+    sets itself (e.g. ``env_vars.OMP_NUM_THREADS`` for a shared CPU machine wins over our core count)."""
+    return OmegaConf.merge({"env_vars": env_vars}, config.ray_kwargs.ray_init.get("runtime_env") or {})
+
+
 def train(config: DictConfig) -> None:
     env_vars = run_environment(config)
+    Path(config.seal.run_dir).mkdir(parents=True, exist_ok=True)  # verl's file logger writes there
     # Set before verl is imported here (the platform is chosen at import). The driver starts the local Ray
     # cluster, whose workers inherit this environment; a cluster started elsewhere (`ray start`) gets the same
     # variables through the runtime env.
@@ -374,8 +381,7 @@ def train(config: DictConfig) -> None:
     from seal.trainer import make_task_runner
 
     OmegaConf.set_struct(config, False)
-    runtime_env = config.ray_kwargs.ray_init.get("runtime_env") or {}
-    config.ray_kwargs.ray_init.runtime_env = OmegaConf.merge(runtime_env, {"env_vars": env_vars})
+    config.ray_kwargs.ray_init.runtime_env = ray_runtime_env(config, env_vars)
     try:
         run_ppo(config, task_runner_class=make_task_runner())
     finally:

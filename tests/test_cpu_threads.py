@@ -19,6 +19,19 @@ def test_a_user_set_thread_count_wins(monkeypatch):
     assert worker_threads() == "3" and cpu_runtime_env()["OMP_NUM_THREADS"] == "3"
 
 
+def test_a_thread_count_in_the_recipes_runtime_env_wins(monkeypatch):
+    from pathlib import Path
+
+    from seal.launch import compose_recipe, ray_runtime_env
+
+    recipe = str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml")
+    config = compose_recipe(recipe, ["+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='1'"])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = ray_runtime_env(config, cpu_runtime_env())
+    assert env.env_vars.OMP_NUM_THREADS == "1"
+    assert env.env_vars.VERL_PLATFORM == cpu_runtime_env()["VERL_PLATFORM"]  # ours still there
+
+
 def test_without_one_every_usable_core(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert worker_threads() == str(len(os.sched_getaffinity(0)))
