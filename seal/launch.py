@@ -335,7 +335,7 @@ def prepare(config: DictConfig) -> DictConfig:
     """Materialise what the recipe needs: the offline tiny model (CPU recipe) and the agent-loop registration."""
     tiny = config.seal.get("tiny_model")
     if tiny and tiny.get("build"):
-        from seal.tiny_model import build_tiny_model
+        from seal.cpu.tiny_model import build_tiny_model
 
         build_tiny_model(tiny.out_dir, seed=int(tiny.seed), shape=tiny.get("shape", "default"))
     agent = config.actor_rollout_ref.rollout.agent
@@ -347,8 +347,8 @@ def prepare(config: DictConfig) -> DictConfig:
 
 def run_environment(config: DictConfig) -> dict[str, str]:
     """Environment variables of every process of the run: CPU platform (CPU recipes) and logger locations."""
-    from seal.cpu_platform import cpu_runtime_env
-    from seal.vllm_cpu import runtime_env as vllm_cpu_env
+    from seal.cpu.platform import cpu_runtime_env
+    from seal.cpu.vllm_cpu import runtime_env as vllm_cpu_env
 
     env = {**cpu_runtime_env(), **vllm_cpu_env()} if config.trainer.device == "cpu" else {}
     # verl warns at every import about optional engines (megatron, torchtitan, ...) that seal does not use

@@ -6,7 +6,7 @@ recipe's ``env_service.bfcl`` block and, when capability cues are on, a failure 
 cue lines — applies the chat template and counts tokens.
 
 Tokenizer: the model's own when ``model.path`` is a local directory (exact count). Otherwise (a hub id, offline)
-the Qwen2.5 tokenizer that ``seal.tiny_model`` builds offline stands in, and the count gets a safety margin: the
+the Qwen2.5 tokenizer that ``seal.cpu.tiny_model`` builds offline stands in, and the count gets a safety margin: the
 stand-in has Qwen2.5's exact vocabulary and a ChatML template, but another family (ToolACE-2 is Llama-3.1)
 tokenizes differently (Llama-3 groups up to 3 digits where Qwen splits every digit, so the JSON tool docs
 usually count fewer tokens there) and its chat template adds a header (Llama-3.1: a dated system preamble).
@@ -65,7 +65,7 @@ def budget_tokenizer(model_path: str):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(model_path), True
-    from seal.tiny_model import build_tokenizer
+    from seal.cpu.tiny_model import build_tokenizer
 
     return build_tokenizer(), False
 

@@ -1,12 +1,12 @@
 """Registrations seal makes inside every verl process: the CPU platform, the ``hf`` rollout backend, and what
-the CPU build of vLLM needs around verl's weight update (``seal.vllm_cpu``; CPU platform with that build only).
+the CPU build of vLLM needs around verl's weight update (``seal.cpu.vllm_cpu``; CPU platform with that build only).
 
 Loaded by verl itself at the end of ``import verl``: this module is the ``seal`` entry point in
 the ``verl.plugins`` group (pyproject.toml), which ``verl/__init__.py`` loads unless
 ``VERL_USE_EXTERNAL_PLUGINS=none``. Because Ray workers (TaskRunner, trainer workers, agent-loop
 and reward workers, rollout servers) all import verl, the registrations reach every process
 without per-actor setup. ``VERL_USE_EXTERNAL_MODULES=seal.verl_plugins`` (set by
-``seal.cpu_platform.cpu_runtime_env``) imports this module again by name as a fallback; every
+``seal.cpu.platform.cpu_runtime_env``) imports this module again by name as a fallback; every
 registration is idempotent.
 
 verl swallows exceptions raised by plugin entry points (logged at DEBUG), so each registration
@@ -19,12 +19,12 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-HF_ROLLOUT_ADAPTER = "seal.hf_rollout.HFRolloutAdapter"
+HF_ROLLOUT_ADAPTER = "seal.cpu.hf_rollout.HFRolloutAdapter"
 
 
 def _load_hf_replica():
     # Imported only when the trainer asks for rollout.name=hf (keeps `import verl` cheap).
-    from seal.hf_rollout import HFRolloutReplica
+    from seal.cpu.hf_rollout import HFRolloutReplica
 
     return HFRolloutReplica
 
@@ -44,7 +44,7 @@ def register_hf_rollout() -> None:
 
 def register_cpu_platform() -> None:
     """Platform "cpu" always selectable (inert); its fixes only when VERL_PLATFORM=cpu."""
-    from seal import cpu_platform
+    from seal.cpu import platform as cpu_platform
 
     cpu_platform.register()
     if cpu_platform.is_requested():
@@ -53,7 +53,7 @@ def register_cpu_platform() -> None:
 
 def register_vllm_cpu() -> None:
     """What the CPU build of vLLM needs around verl's vLLM server; only on the CPU platform with that build."""
-    from seal import vllm_cpu
+    from seal.cpu import vllm_cpu
 
     if vllm_cpu.is_active():
         vllm_cpu.activate()

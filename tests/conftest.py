@@ -15,7 +15,7 @@ TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qw
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    from seal.tiny_model import build_tiny_model
+    from seal.cpu.tiny_model import build_tiny_model
 
     return build_tiny_model(TINY_DIR)
 

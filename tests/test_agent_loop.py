@@ -20,7 +20,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from env_service.client import EnvServiceError  # noqa: E402
 from seal.agent_loop import BfclAgentLoop, TRUNCATION_MARKER  # noqa: E402
-from seal.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
+from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

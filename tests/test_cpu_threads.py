@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from seal.cpu_platform import cpu_runtime_env, worker_threads
+from seal.cpu.platform import cpu_runtime_env, worker_threads
 
 
 def test_a_user_set_thread_count_wins(monkeypatch):

@@ -7,7 +7,7 @@ checkpoint after each. It shows the CPU backend is a plain verl backend, indepen
 
 It runs with the GPU recipe's memory savers on, as a real-size model on CPU needs them: gradient checkpointing
 (the actor's checkpointed backward on gloo) and an offloaded reference (FSDP2's CPU-offload policy must not pin
-memory without an accelerator; ``seal.cpu_platform`` drops the pinning).
+memory without an accelerator; ``seal.cpu.platform`` drops the pinning).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _read_metrics(path: Path) -> dict[int, dict]:
 
 def run_driver(workdir: Path) -> None:
     """What a launcher does: build/compose, then verl's run_ppo with the stock TaskRunner."""
-    from seal.tiny_model import build_tiny_model
+    from seal.cpu.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(TINY_DIR)
     reward = workdir / "reward.py"
@@ -117,7 +117,7 @@ def run_driver(workdir: Path) -> None:
 
 @pytest.mark.slow
 def test_ray_ppo_trainer_runs_on_cpu(tmp_path):
-    from seal.cpu_platform import cpu_runtime_env
+    from seal.cpu.platform import cpu_runtime_env
 
     # A fresh driver process, like a launcher: VERL_PLATFORM=cpu must be set before verl is
     # imported (the plugin registers the platform at import), and the run must not leak Ray or

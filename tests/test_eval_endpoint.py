@@ -15,7 +15,7 @@ from test_vllm_cpu import TINY_DIR, VENV_PYTHON, free_port, require_venv
 
 from seal.eval.__main__ import main as eval_main
 from seal.eval.records import load_records
-from seal.vllm_cpu import RUNTIME_ENV
+from seal.cpu.vllm_cpu import RUNTIME_ENV
 
 pytestmark = pytest.mark.slow
 TASKS = "multi_turn_base_107,multi_turn_miss_param_107"
@@ -25,7 +25,7 @@ START_TIMEOUT_S = 420
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     require_venv()
-    from seal.tiny_model import build_tiny_model
+    from seal.cpu.tiny_model import build_tiny_model
 
     build_tiny_model(TINY_DIR, shape="vllm_cpu")
     port = free_port()

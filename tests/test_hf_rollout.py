@@ -10,7 +10,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from seal.hf_rollout import HFRolloutServer, HFServerConfig, drain_named_tensors  # noqa: E402
+from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig, drain_named_tensors  # noqa: E402
 
 CONFIG = HFServerConfig(prompt_length=64, response_length=12, seed=0)
 

@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here must work without network
 
-from seal.tiny_model import (  # noqa: E402
+from seal.cpu.tiny_model import (  # noqa: E402
     DEFAULT_SYSTEM_PROMPT,
     SPEC_FILE,
     build_model,
@@ -95,7 +95,7 @@ def test_model_build_is_deterministic():
 
 
 def test_vllm_cpu_shape_suits_vllm_cpu_attention_and_leaves_the_default_alone():
-    from seal.tiny_model import model_spec
+    from seal.cpu.tiny_model import model_spec
 
     wide = build_model(seed=0, shape="vllm_cpu").config
     assert wide.hidden_size // wide.num_attention_heads >= 32  # vLLM's CPU attention rejects smaller heads
@@ -125,7 +125,7 @@ def test_build_is_cached(tiny_dir):
 def test_never_overwrites_a_foreign_directory(tmp_path):
     import json
 
-    from seal.tiny_model import _swap_in, model_spec
+    from seal.cpu.tiny_model import _swap_in, model_spec
 
     built = tmp_path / "built"
     built.mkdir()

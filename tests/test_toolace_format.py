@@ -36,7 +36,7 @@ def config():
 
 @pytest.fixture(scope="module")
 def llama_tokenizer(config):
-    from seal.tiny_model import build_tokenizer
+    from seal.cpu.tiny_model import build_tokenizer
 
     tok = build_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": LLAMA_SPECIALS}, replace_extra_special_tokens=False)

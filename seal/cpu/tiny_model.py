@@ -7,8 +7,8 @@ format match Qwen2.5 (the production model family). The BPE ranks come from the 
 small enough to train on 2 CPU cores. ``model_type`` stays ``qwen2`` so verl picks its Qwen
 continuous-token builder (which needs ``"\\n"`` to be a single token, true for this BPE).
 
-    python -m seal.tiny_model --out outputs/tiny-qwen
-    python -m seal.tiny_model --out outputs/tiny-qwen-h128 --shape vllm_cpu
+    python -m seal.cpu.tiny_model --out outputs/tiny-qwen
+    python -m seal.cpu.tiny_model --out outputs/tiny-qwen-h128 --shape vllm_cpu
 """
 
 from __future__ import annotations
