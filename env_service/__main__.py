@@ -21,13 +21,15 @@ Exit codes: 0 ok, 1 failure (replay), 2 bad input or usage.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-from dataclasses import fields
 import logging
 import os
 import sys
+from dataclasses import fields
 from typing import Any
+
+from env_service.files import atomic_write_text
+from env_service.vocabulary import EPISODE_MODES, MODE_VALIDATE
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -196,40 +198,11 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _new_file_mode(path: str) -> int:
-    """The mode ``path`` has, or would get from ``open()`` under the current umask."""
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
 def _write_atomically(path: str, text: str) -> None:
-    """Write to a temporary file beside ``path``, then rename it over ``path``: readers (and a crash)
-    see the old file or the whole new one, never a half-written one."""
-    import tempfile
-
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, delete=False,
-                                             prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        atomic_write_text(path, text)
     except OSError as error:
-        raise CliError(f"--output: cannot write in {directory}: {error.strerror}") from None
-    try:
-        with handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(handle.name, _new_file_mode(path))  # temporary files are 0600; keep the usual mode
-        os.replace(handle.name, path)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.unlink(handle.name)
-        if isinstance(error, OSError):
-            raise CliError(f"--output: cannot write {path}: {error.strerror}") from None
-        raise
+        raise CliError(f"--output: cannot write {path}: {error.strerror}") from None
 
 
 def cmd_replay(args) -> int:
@@ -335,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     prompt = sub.add_parser("prompt", help="print an episode's initial messages")
     prompt.add_argument("task_id")
-    prompt.add_argument("--mode", choices=["train", "validate"], required=True)
+    prompt.add_argument("--mode", choices=EPISODE_MODES, required=True)
     prompt.add_argument("--config", help="env config: inline JSON or a JSON/YAML file (a recipe "
                                          "file is reduced to env_service.bfcl)")
     prompt.add_argument("--profile", help="failure profile JSON file (capability cues, train mode)")
@@ -356,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--concurrency", type=int, default=1)
     rep.add_argument("--url", help="env service URL (default: in-process)")
     rep.add_argument("--secret-file", help="the service's shared secret (default: $SEAL_ENV_SECRET)")
-    rep.add_argument("--mode", default="validate", choices=["validate", "train"])
+    rep.add_argument("--mode", default=MODE_VALIDATE, choices=EPISODE_MODES)
     rep.add_argument("--config", help="env config: inline JSON or a JSON/YAML file")
     rep.add_argument("--json", help="write per-task results to this JSON file")
     rep.add_argument("--no-progress", action="store_true", help="no progress bar")

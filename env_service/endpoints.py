@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from env_service.vocabulary import MODE_TRAIN, MODE_VALIDATE
+
 if TYPE_CHECKING:
     from env_service.manager import EpisodeManager
 
@@ -24,7 +26,7 @@ class _Body(BaseModel):
 
 class CreateRequest(_Body):
     task_id: str
-    mode: Literal["train", "validate"]
+    mode: Literal[MODE_TRAIN, MODE_VALIDATE]
     params: dict[str, Any] = Field(default_factory=dict)
     instance_id: str | None = None
 

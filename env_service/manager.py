@@ -54,11 +54,10 @@ from env_service.errors import (
     UnknownTask,
 )
 from env_service.json_safe import json_safe
+from env_service.vocabulary import EPISODE_MODES, MODE_TRAIN
 from env_service.workers import WorkerBusy, WorkerLost, WorkerPool
 
 log = logging.getLogger(__name__)
-
-MODES: tuple[str, ...] = ("train", "validate")
 
 #: Largest assistant message accepted by ``step`` (UTF-8 bytes). Generations are bounded by the
 #: trainer's response length (a few thousand tokens), so anything near this is a client bug or abuse.
@@ -352,7 +351,7 @@ class EpisodeManager:
 
     def _start_episode(self, task, mode: str, config: EnvConfig, run_id: str | None = None, key: str = ""):
         """Build the episode and its first messages; TRAIN episodes get their run's latest failure profile."""
-        profile_state = self.get_profile(run_id) if mode == "train" else None
+        profile_state = self.get_profile(run_id) if mode == MODE_TRAIN else None
         profile = profile_state["profile"] if profile_state else None
         try:
             if self._pool is not None:
@@ -375,8 +374,8 @@ class EpisodeManager:
     def _check_create(self, task_id: Any, mode: Any, params: Any) -> tuple[str, str, dict]:
         if not isinstance(task_id, str) or not task_id:
             raise BadRequest("'task_id' must be a non-empty string like 'multi_turn_base_0'")
-        if mode not in MODES:
-            raise BadRequest(f"'mode' must be one of {', '.join(MODES)}; got {mode!r}")
+        if mode not in EPISODE_MODES:
+            raise BadRequest(f"'mode' must be one of {', '.join(EPISODE_MODES)}; got {mode!r}")
         if params is None:
             params = {}
         if not isinstance(params, dict):
@@ -632,7 +631,7 @@ class EpisodeManager:
         with self._lock:
             counts = dict(self._counts)
             live = len(self._slots)
-            by_mode = {m: 0 for m in MODES}
+            by_mode = {m: 0 for m in EPISODE_MODES}
             for slot in self._slots.values():
                 by_mode[slot.mode] += 1
             version = self._profile_version
@@ -672,4 +671,4 @@ class EpisodeManager:
         return len(slots)
 
 
-__all__ = ["MAX_CONTENT_BYTES", "MODES", "EpisodeManager", "check_instance_id"]
+__all__ = ["MAX_CONTENT_BYTES", "EpisodeManager", "check_instance_id"]

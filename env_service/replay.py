@@ -23,6 +23,7 @@ from env_service.config import EnvConfig
 from env_service.episode import Episode
 from env_service.tasks import CATEGORIES, Task, load_task, parse_task_id
 from env_service.verifier import Evaluation, evaluate_episode
+from env_service.vocabulary import ERROR_MARKER
 
 #: The plain-text message that ends a turn during replay.
 ADVANCE_TEXT = "Done."
@@ -79,7 +80,7 @@ class ReplayTrace:
     @property
     def rejections(self) -> list[str]:
         """The ``[ERROR] ...`` replies (empty for a clean replay)."""
-        return [reply["content"] for reply in self.replies if reply["content"].startswith("[ERROR]")]
+        return [reply["content"] for reply in self.replies if reply["content"].startswith(ERROR_MARKER)]
 
 
 def trace_ground_truth(task: Task, config: EnvConfig | None = None, mode: str = "validate") -> ReplayTrace:
