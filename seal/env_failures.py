@@ -9,12 +9,17 @@ would still be wrong twice over:
 - in validation it would count as a wrong answer and could move the best checkpoint;
   ``split_validation_failures`` takes such tasks out of the accuracy, reports them apart, and stops the run when
   their share passes ``seal.validation.max_env_failure_share`` (a broken service must not look like a bad model).
+
+A training step in which every episode failed has no token to train on; ``SealAgentLoopManager`` (verl's
+agent-loop manager, set by the launcher) lets that step run as a counted no-op instead of ending the run in verl's
+rollout-correction check, which needs one trained token.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from verl.experimental.agent_loop import AgentLoopManager
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 #: ``reward_extra_info`` key the agent loop sets to 1.0 on a failed episode (it reaches validation per sample).
@@ -79,4 +84,16 @@ def split_validation_failures(data_sources, sample_uids, infos: dict, sample_tur
     return (data_sources[keep], kept_uids, kept_infos, kept_turns), metrics
 
 
-__all__ = ["FAILED_KEY", "TooManyEnvFailures", "failed_mask", "regroup_without_failed", "split_validation_failures"]
+class SealAgentLoopManager(AgentLoopManager):
+    """verl's agent-loop manager; a training batch in which every episode failed trains nothing, as a no-op."""
+
+    def generate_sequences(self, prompts):
+        output = super().generate_sequences(prompts)  # verl's auto_await runs it to completion here
+        if not prompts.meta_info.get("validate") and failed_mask(output).all():
+            # verl's rollout correction (IS weights, mismatch metrics) needs one trained token; with none, the
+            # step's update is a no-op over an all-zero mask and the failures are counted by the SEAL step
+            output.batch.pop("rollout_log_probs", None)
+        return output
+
+
+__all__ = ["FAILED_KEY", "SealAgentLoopManager", "TooManyEnvFailures", "failed_mask", "regroup_without_failed", "split_validation_failures"]

@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config,pkg://seal.config]"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT_LOOPS_YAML = Path(__file__).resolve().parent / "config" / "agent_loops.yaml"
+AGENT_LOOP_MANAGER = "seal.env_failures.SealAgentLoopManager"
 
 
 class PreflightError(ValueError):
@@ -53,7 +54,8 @@ def preflight(config: DictConfig) -> list[str]:
     _check_model(config, problems, warnings)
     _check_data(config, problems)
     _check_lengths(config, problems)
-    _check_prompt_budget(config, problems)
+    if config.seal.preflight.prompt_budget:
+        _check_prompt_budget(config, problems)
     _check_batching(config, problems)
     _check_checkpoints(config, problems)
     if problems:
@@ -342,6 +344,9 @@ def prepare(config: DictConfig) -> DictConfig:
     if not agent.agent_loop_config_path:
         # verl's AgentLoopWorker reads this list and registers `seal_bfcl` in every agent-loop process.
         agent.agent_loop_config_path = str(AGENT_LOOPS_YAML)
+    if not agent.get("agent_loop_manager_class"):
+        with open_dict(agent):  # verl's field, absent from its YAML: a step where every episode failed still runs
+            agent.agent_loop_manager_class = AGENT_LOOP_MANAGER
     return config
 
 

@@ -80,3 +80,23 @@ def test_too_many_environment_failures_stop_the_run():
     sources, uids, infos, turns = validation_inputs([1, 1, 0, 0])
     with pytest.raises(TooManyEnvFailures, match="max_env_failure_share"):
         split_validation_failures(sources, uids, infos, turns, max_share=0.25)
+
+
+@pytest.mark.parametrize("failed, validate, kept", [
+    ([True, True], False, False),   # nothing to train on: verl's rollout correction would refuse the batch
+    ([True, False], False, True),   # one trained episode is enough
+    ([True, True], True, True),     # validation computes no rollout correction
+])
+def test_a_step_where_every_episode_failed_still_runs(monkeypatch, failed, validate, kept):
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    from seal.env_failures import SealAgentLoopManager
+
+    output = DataProto.from_dict(
+        tensors={"rollout_log_probs": torch.zeros(len(failed), 3), "response_mask": torch.zeros(len(failed), 3)},
+        non_tensors={"seal_failed": np.array(failed, dtype=object)},
+    )
+    monkeypatch.setattr(AgentLoopManager, "generate_sequences", lambda self, prompts: output)
+    prompts = DataProto.from_dict(tensors={"x": torch.zeros(len(failed), 1)}, meta_info={"validate": validate})
+    result = SealAgentLoopManager.__new__(SealAgentLoopManager).generate_sequences(prompts)
+    assert ("rollout_log_probs" in result.batch.keys()) is kept

@@ -56,6 +56,13 @@ def test_preflight_refuses_a_recipe_whose_first_prompts_do_not_fit():
     assert "first prompts do not fit data.max_prompt_length (8192)" in message
     assert "in train mode needs" in message and "in validate mode needs" in message
     assert "stand-in tokenizer" in message  # says the count is an estimate, and why
+    # the check can be switched off (a long data set, a user who knows): then nothing about prompts is said
+    off = compose_recipe(str(REPO / "exp" / "toolace2_8b.yaml"),
+                         ["data.max_prompt_length=8192", "seal.preflight.prompt_budget=false"])
+    try:
+        preflight(off)
+    except PreflightError as exc:
+        assert "first prompts" not in str(exc)
 
 
 def test_the_model_own_tokenizer_counts_exactly_and_the_stand_in_adds_its_margin(tiny_dir):

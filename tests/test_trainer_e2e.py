@@ -162,6 +162,7 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
                   "actor_rollout_ref.rollout.agent.num_workers=2", "trainer.total_training_steps=1",
                   "trainer.test_freq=0", "trainer.save_freq=0", "seal.checkpoint.save_best=false",
                   "seal.rollout.episode_retries=0", "seal.validation.max_env_failure_share=1.0",
+                  "seal.preflight.prompt_budget=false",  # preflight would refuse the unknown task: the run-time path is tested
                   log_name="unknown.log")
     rc = wait(proc, 900)
     log = (tmp_path / "unknown.log").read_text()
