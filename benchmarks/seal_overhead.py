@@ -33,8 +33,15 @@ VANILLA_SWITCHES = [
     "seal.apatch.enable=false",
     "seal.apatch.dynamic.enable=false",
 ]
-PARTS = ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
-         "timing_s/update_actor", "timing_s/seal_step")
+PARTS = (
+    "timing_s/step",
+    "timing_s/gen",
+    "timing_s/old_log_prob",
+    "timing_s/ref",
+    "timing_s/adv",
+    "timing_s/update_actor",
+    "timing_s/seal_step",
+)
 
 
 def free_port() -> int:
@@ -48,11 +55,20 @@ def run_recipe(name: str, switches: list[str], steps: int, work: Path) -> dict[s
     out = work / name
     metrics_path = out / "metrics.jsonl"
     cmd = [
-        sys.executable, str(REPO / "launcher.py"), "--conf", str(REPO / "exp" / "cpu_tiny.yaml"),
-        f"trainer.total_training_steps={steps}", "trainer.total_epochs=100", "trainer.val_before_train=false",
-        "trainer.test_freq=0", "trainer.save_freq=0", "seal.checkpoint.save_best=false",
-        f"trainer.default_local_dir={out}/ckpt", f"seal.run_dir={out}",
-        f"env_service.port={free_port()}", *switches,
+        sys.executable,
+        str(REPO / "launcher.py"),
+        "--conf",
+        str(REPO / "exp" / "cpu_tiny.yaml"),
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=100",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "seal.checkpoint.save_best=false",
+        f"trainer.default_local_dir={out}/ckpt",
+        f"seal.run_dir={out}",
+        f"env_service.port={free_port()}",
+        *switches,
     ]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_path)}
     print(f"[bench] {name}: training {steps} steps ...", flush=True)
@@ -71,8 +87,10 @@ def main() -> None:
     print("== tags -> capability state -> A-Patch, 256 trajectories x 4096 tokens, vs verl GRPO advantage ==")
     m = measure(batch=256, response_len=4096, repeats=30)
     print(f"verl GRPO advantage      {1e3 * m['grpo_s']:8.2f} ms")
-    print(f"SEAL observe + A-Patch   {1e3 * m['seal_s']:8.2f} ms   (observe {1e3 * m['observe_s']:.2f}, "
-          f"weights + scaling {1e3 * m['apatch_s']:.2f})")
+    print(
+        f"SEAL observe + A-Patch   {1e3 * m['seal_s']:8.2f} ms   (observe {1e3 * m['observe_s']:.2f}, "
+        f"weights + scaling {1e3 * m['apatch_s']:.2f})"
+    )
     print(f"ratio SEAL / GRPO        {m['ratio']:8.2f}")
     if args.skip_steps:
         return
@@ -87,9 +105,11 @@ def main() -> None:
         print(f"{part:<24}{seal[part]:>10.3f}{vanilla[part]:>12.3f}{ratio:>8.3f}")
     print(f"step ratio SEAL / vanilla: {seal['timing_s/step'] / vanilla['timing_s/step']:.3f} (target <= 1.05)")
     share = seal["timing_s/seal_step"] / seal["timing_s/step"]
-    print(f"SEAL's own work (diagnosis + A-Patch, inside update_actor): {seal['timing_s/seal_step']:.4f} s "
-          f"= {100 * share:.3f} % of the SEAL step; the rest of the difference is the longer train-only prompts "
-          "(schema cues) and machine noise")
+    print(
+        f"SEAL's own work (diagnosis + A-Patch, inside update_actor): {seal['timing_s/seal_step']:.4f} s "
+        f"= {100 * share:.3f} % of the SEAL step; the rest of the difference is the longer train-only prompts "
+        "(schema cues) and machine noise"
+    )
 
 
 if __name__ == "__main__":

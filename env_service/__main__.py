@@ -94,20 +94,32 @@ def cmd_serve(args) -> int:
         check_bind(args.host, secret)
     except ValueError as error:
         raise CliError(str(error)) from None
-    given = {name: getattr(args, name) for name in ("max_header_bytes", "max_headers", "read_timeout_s",
-                                                     "max_connections") if getattr(args, name) is not None}
+    given = {
+        name: getattr(args, name)
+        for name in ("max_header_bytes", "max_headers", "read_timeout_s", "max_connections")
+        if getattr(args, name) is not None
+    }
     limits = HttpLimits(**given)
     from env_service.config import ServiceLimits
 
     try:
         service_limits = ServiceLimits.from_dict(
-            {f.name: getattr(args, f.name) for f in fields(ServiceLimits) if getattr(args, f.name) is not None})
+            {f.name: getattr(args, f.name) for f in fields(ServiceLimits) if getattr(args, f.name) is not None}
+        )
     except ValueError as error:
         raise CliError(str(error)) from None
     workers = (os.cpu_count() or 1) if args.workers is None else args.workers
     manager = EpisodeManager(limits=service_limits, workers=workers)
-    serve(host=args.host, port=args.port, log_level=args.log_level, manager=manager,
-          access_log=args.access_log, secret=secret, service_id=args.service_id, limits=limits)
+    serve(
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        manager=manager,
+        access_log=args.access_log,
+        secret=secret,
+        service_id=args.service_id,
+        limits=limits,
+    )
     return EXIT_OK
 
 
@@ -227,14 +239,17 @@ def cmd_replay(args) -> int:
     except (ValueError, EnvServiceError) as error:
         raise CliError(f"--url: {error}") from None
     with client:
-        results = replay.replay_split(client, task_ids, concurrency=args.concurrency, mode=args.mode,
-                                      params=params, progress=not args.no_progress)
+        results = replay.replay_split(
+            client, task_ids, concurrency=args.concurrency, mode=args.mode, params=params, progress=not args.no_progress
+        )
     report = replay.summarize(results)
     print(replay.format_report(report))
     skipped = sum(r.error == replay.SKIPPED_UNREACHABLE for r in results)
     if skipped:
-        print(f"error: the service at {args.url} stopped answering; {skipped} of {len(results)} tasks "
-              f"were not replayed", file=sys.stderr)
+        print(
+            f"error: the service at {args.url} stopped answering; {skipped} of {len(results)} tasks were not replayed",
+            file=sys.stderr,
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"summary": report, "results": [r.to_dict() for r in results]}, handle, indent=1)
@@ -249,7 +264,7 @@ def _replay_task_ids(args) -> list[str]:
     ids = tasks.task_ids(args.split)
     if args.category:
         wanted = {f"multi_turn_{c}_" for c in args.category}
-        ids = [t for t in ids if any(t.startswith(w) and t[len(w):].isdigit() for w in wanted)]
+        ids = [t for t in ids if any(t.startswith(w) and t[len(w) :].isdigit() for w in wanted)]
     if args.limit is not None:
         ids = _spread(ids, args.limit)
     return ids
@@ -276,41 +291,49 @@ def _spread(ids: list[str], limit: int) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m env_service", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m env_service", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the HTTP service")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8082)
-    serve.add_argument("--log-level", default="info",
-                       choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
-    serve.add_argument("--workers", type=int, help="episode processes (default: one per core; 0: in the "
-                                                   "service process, without time budgets)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="episode processes (default: one per core; 0: in the service process, without time budgets)",
+    )
     from env_service.config import ServiceLimits  # budgets and limits: one flag per field, README "Limits"
 
     for f in fields(ServiceLimits):
-        serve.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
-                           help=f"default {f.default}")
-    serve.add_argument("--secret-file", help="file holding the shared secret required on every endpoint "
-                                             "but /health (default: $SEAL_ENV_SECRET; none on loopback)")
-    serve.add_argument("--service-id", help="an identity /health echoes, so whoever started the service "
-                                            "can tell it from another one on the same port")
+        serve.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), help=f"default {f.default}")
+    serve.add_argument(
+        "--secret-file",
+        help="file holding the shared secret required on every endpoint "
+        "but /health (default: $SEAL_ENV_SECRET; none on loopback)",
+    )
+    serve.add_argument(
+        "--service-id",
+        help="an identity /health echoes, so whoever started the service can tell it from another one on the same port",
+    )
     # HTTP limits: unset flags keep env_service.service.HttpLimits' defaults
     serve.add_argument("--max-header-bytes", type=int, help="request line + headers, bytes (431 beyond; 64 KiB)")
     serve.add_argument("--max-headers", type=int, help="headers per request (431 beyond; 100)")
-    serve.add_argument("--read-timeout-s", type=float,
-                       help="a request must arrive complete within this long (408 beyond; 30 s)")
-    serve.add_argument("--max-connections", type=int,
-                       help="open connections + requests in flight (503 beyond; 2048)")
+    serve.add_argument(
+        "--read-timeout-s", type=float, help="a request must arrive complete within this long (408 beyond; 30 s)"
+    )
+    serve.add_argument("--max-connections", type=int, help="open connections + requests in flight (503 beyond; 2048)")
     serve.set_defaults(func=cmd_serve)
 
     prompt = sub.add_parser("prompt", help="print an episode's initial messages")
     prompt.add_argument("task_id")
     prompt.add_argument("--mode", choices=EPISODE_MODES, required=True)
-    prompt.add_argument("--config", help="env config: inline JSON or a JSON/YAML file (a recipe "
-                                         "file is reduced to env_service.bfcl)")
+    prompt.add_argument(
+        "--config", help="env config: inline JSON or a JSON/YAML file (a recipe file is reduced to env_service.bfcl)"
+    )
     prompt.add_argument("--profile", help="failure profile JSON file (capability cues, train mode)")
     prompt.add_argument("--indent", type=int, default=None)
     prompt.set_defaults(func=cmd_prompt)
@@ -322,8 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replay", help="replay the ground truth through full episodes")
     rep.add_argument("--split", default="heldout", choices=["train", "val", "test", "heldout", "all"])
-    rep.add_argument("--category", action="append",
-                     choices=["base", "miss_func", "miss_param", "long_context"])
+    rep.add_argument("--category", action="append", choices=["base", "miss_func", "miss_param", "long_context"])
     rep.add_argument("--tasks", nargs="+", help="explicit task ids (overrides --split)")
     rep.add_argument("--limit", type=int, help="at most N tasks, spread over the categories")
     rep.add_argument("--concurrency", type=int, default=1)

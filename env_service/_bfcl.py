@@ -32,11 +32,11 @@ from bfcl_eval.constants.executable_backend_config import (  # noqa: E402
     MULTI_TURN_FUNC_DOC_FILE_MAPPING,
     STATELESS_CLASSES,
 )
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as _multi_turn_utils  # noqa: E402
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (  # noqa: E402
     response_checker,
     state_checker,
 )
-from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as _multi_turn_utils  # noqa: E402
 from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry  # noqa: E402
 
 #: Names that resolve inside bfcl's ``eval`` (its executor module's globals and builtins). The executor

@@ -67,5 +67,13 @@ def check_bind(host: str, secret: str | None) -> None:
         )
 
 
-__all__ = ["AUTH_HEADER", "OPEN_PATHS", "RUN_ID_HEADER", "SECRET_ENV", "check_bind", "is_loopback",
-           "read_secret_file", "resolve_secret"]
+__all__ = [
+    "AUTH_HEADER",
+    "OPEN_PATHS",
+    "RUN_ID_HEADER",
+    "SECRET_ENV",
+    "check_bind",
+    "is_loopback",
+    "read_secret_file",
+    "resolve_secret",
+]

@@ -13,8 +13,9 @@ import ast
 import functools
 import importlib
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from env_service import _bfcl
 
@@ -40,7 +41,7 @@ def format_call_string(call: ToolCall) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backend_class(class_name: str) -> type:
     if class_name not in _bfcl.CLASS_FILE_PATH_MAPPING:
         raise ValueError(f"unknown BFCL backend class {class_name!r}")
@@ -50,14 +51,10 @@ def backend_class(class_name: str) -> type:
 
 def public_method_names(instance: object) -> list[str]:
     # Same rule as bfcl: bound methods whose name does not start with "_".
-    return [
-        name
-        for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod)
-        if not name.startswith("_")
-    ]
+    return [name for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod) if not name.startswith("_")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_method_names(class_name: str) -> tuple[str, ...]:
     return tuple(public_method_names(backend_class(class_name)()))
 
@@ -71,7 +68,7 @@ def _method_owner_map(involved_classes: Iterable[str]) -> dict[str, str]:
     return owners
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parameter_names(class_name: str, method_name: str) -> tuple[str, ...]:
     method = getattr(backend_class(class_name), method_name)
     params = list(inspect.signature(method).parameters.values())[1:]  # drop self

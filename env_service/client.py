@@ -83,13 +83,15 @@ class _ClientAPI:
     def __init__(self):
         self._seq = _SeqTracker()
 
-    def create(self, task_id: str, mode: str = "train", params: dict | None = None,
-               instance_id: str | None = None) -> dict:
+    def create(
+        self, task_id: str, mode: str = "train", params: dict | None = None, instance_id: str | None = None
+    ) -> dict:
         """Start an episode: ``{"instance_id", "messages", "info"}``."""
         # Chosen here, not by the server, so that a retried create finds the first attempt.
         instance_id = instance_id or f"ep_{uuid.uuid4().hex}"
-        result = self._call("create", {"task_id": task_id, "mode": mode, "params": params or {},
-                                       "instance_id": instance_id})
+        result = self._call(
+            "create", {"task_id": task_id, "mode": mode, "params": params or {}, "instance_id": instance_id}
+        )
         self._seq.reset(result["instance_id"])
         return result
 
@@ -143,9 +145,17 @@ class EnvClient(_ClientAPI):
     ``$SEAL_ENV_SECRET``, as the service's does.
     """
 
-    def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 0.5,
-                 pool_size: int = 64, trust_env: bool = False, run_id: str | None = None,
-                 secret: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 120.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        pool_size: int = 64,
+        trust_env: bool = False,
+        run_id: str | None = None,
+        secret: str | None = None,
+    ):
         super().__init__()
         self.url = url.rstrip("/")
         self._headers = {"Accept": "application/json"}
@@ -203,8 +213,9 @@ class EnvClient(_ClientAPI):
                 _ = response.content  # read the body here: a connection dropped mid-body is retryable
             except _RETRYABLE as error:
                 if last:
-                    raise EnvServiceError(None, f"{method} {url} failed after {attempt + 1} "
-                                                f"attempt(s): {error}", "unreachable") from None
+                    raise EnvServiceError(
+                        None, f"{method} {url} failed after {attempt + 1} attempt(s): {error}", "unreachable"
+                    ) from None
                 self._sleep(attempt, f"{type(error).__name__} on {endpoint}")
                 continue
             if response.status_code in RETRY_STATUSES and not last:
@@ -227,8 +238,7 @@ class EnvClient(_ClientAPI):
         if response.ok and body is not None:
             return body
         if isinstance(body, dict) and "detail" in body:
-            raise EnvServiceError(response.status_code, str(body["detail"]),
-                                  str(body.get("error", "error")))
+            raise EnvServiceError(response.status_code, str(body["detail"]), str(body.get("error", "error")))
         text = response.text[:500] if response.text else response.reason
         raise EnvServiceError(response.status_code, text or "empty response", "http_error")
 
@@ -263,8 +273,9 @@ class InProcessEnvClient(_ClientAPI):
             raise EnvServiceError(error.status, error.message, error.code) from None
 
 
-def make_client(url_or_none: str | None = None, manager=None, run_id: str | None = None,
-                secret: str | None = None, **http_options) -> _ClientAPI:
+def make_client(
+    url_or_none: str | None = None, manager=None, run_id: str | None = None, secret: str | None = None, **http_options
+) -> _ClientAPI:
     """``None`` / ``""`` / ``"inprocess"`` -> :class:`InProcessEnvClient`, else :class:`EnvClient`.
 
     ``manager`` is for the in-process client; ``run_id`` names the caller's run on both transports;

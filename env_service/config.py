@@ -156,9 +156,7 @@ def _guidelines(value: Any, key: str) -> dict[str, str | None] | None:
         raise _type_error(key, "null or a mapping tag -> text|null", value)
     for tag, text in value.items():
         if not isinstance(tag, str) or not (text is None or isinstance(text, str)):
-            raise ValueError(
-                f"config key '{key}': entries must be tag -> text or null, got {tag!r}: {text!r}"
-            )
+            raise ValueError(f"config key '{key}': entries must be tag -> text or null, got {tag!r}: {text!r}")
     return dict(value)
 
 

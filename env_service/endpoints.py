@@ -107,5 +107,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 BY_ROUTE: dict[tuple[str, str], Endpoint] = {(e.method, e.path): e for e in ENDPOINTS}
 
 
-__all__ = ["BY_ROUTE", "ENDPOINTS", "Caller", "CreateRequest", "CreateResponse", "Endpoint", "EvaluateRequest",
-           "ProfileRequest", "ReleaseRequest", "StepRequest", "StepResponse"]
+__all__ = [
+    "BY_ROUTE",
+    "ENDPOINTS",
+    "Caller",
+    "CreateRequest",
+    "CreateResponse",
+    "Endpoint",
+    "EvaluateRequest",
+    "ProfileRequest",
+    "ReleaseRequest",
+    "StepRequest",
+    "StepResponse",
+]

@@ -177,8 +177,10 @@ class Episode:
         self._num_steps += 1
         if self._num_steps > self.limits.max_steps:
             self._terminated = True
-            text = (f"{ERROR_MARKER} This episode reached its limit of {self.limits.max_steps} messages and has "
-                    f"ended; nothing in the last message was run.")
+            text = (
+                f"{ERROR_MARKER} This episode reached its limit of {self.limits.max_steps} messages and has "
+                f"ended; nothing in the last message was run."
+            )
             return self._reply(text, terminated=True, error_type=STEP_LIMIT_EXCEEDED)
         parsed = parse_assistant(assistant_text, self.config.tool_prompt_mode, self.config.strict_tool_parser)
         if parsed.errors:
@@ -233,8 +235,9 @@ class Episode:
 
     # -- step helpers ---------------------------------------------------------------------------
 
-    def _reply(self, content: str, *, role: str = "user", terminated: bool = False, extra: tuple[str, ...] = (),
-               **info) -> StepResult:
+    def _reply(
+        self, content: str, *, role: str = "user", terminated: bool = False, extra: tuple[str, ...] = (), **info
+    ) -> StepResult:
         info = {
             "turn": self._turn,
             "num_turns": len(self._records),
@@ -247,8 +250,12 @@ class Episode:
             "advanced": False,
             **info,
         }
-        return StepResult(message={"role": role, "content": content}, terminated=terminated, info=info,
-                          extra_messages=[{"role": role, "content": text} for text in extra])
+        return StepResult(
+            message={"role": role, "content": content},
+            terminated=terminated,
+            info=info,
+            extra_messages=[{"role": role, "content": text} for text in extra],
+        )
 
     def _error_message(self, error: str, error_type: str = STEP_PARSE_ERROR) -> str:
         message = prompts.invalid_tool_call_message(error)
@@ -274,14 +281,18 @@ class Episode:
         )
 
     def _reject_call_count(self, parsed: ParsedMessage) -> StepResult:
-        problem = (f"{len(parsed.calls)} tool calls in one message; the limit is "
-                   f"{self.limits.max_calls_per_message}. Nothing was run.")
+        problem = (
+            f"{len(parsed.calls)} tool calls in one message; the limit is "
+            f"{self.limits.max_calls_per_message}. Nothing was run."
+        )
         record = self._records[-1]
         record.parse_errors.append(problem)
         record.rejected_calls.extend(parsed.calls)
         return self._reply(
-            self._error_message(problem), error_type=STEP_LIMIT_EXCEEDED,
-            num_rejected_calls=len(parsed.calls), num_parse_errors=1,
+            self._error_message(problem),
+            error_type=STEP_LIMIT_EXCEEDED,
+            num_rejected_calls=len(parsed.calls),
+            num_parse_errors=1,
         )
 
     def _handle_calls(self, parsed: ParsedMessage) -> StepResult:
@@ -338,10 +349,12 @@ class Episode:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return over_budget_text(
-                f"not run: this message used up its time budget of {self.limits.message_budget_s:g} s"), True
+                f"not run: this message used up its time budget of {self.limits.message_budget_s:g} s"
+            ), True
         try:
-            return self._session.execute(call, min(self.limits.call_budget_s, remaining),
-                                         self.limits.call_memory_mib * 2**20), False
+            return self._session.execute(
+                call, min(self.limits.call_budget_s, remaining), self.limits.call_memory_mib * 2**20
+            ), False
         except CallOverBudget as stopped:
             return over_budget_text(str(stopped)), True
 
@@ -350,12 +363,15 @@ class Episode:
         limit = self.limits.max_state_bytes
         if self._tools_refused or state_size(dict(self._session.instances), limit) <= limit:
             return ""
-        self._tools_refused = (f"tool calls are refused: this episode's environment state grew past its limit of "
-                               f"{limit} bytes")
+        self._tools_refused = (
+            f"tool calls are refused: this episode's environment state grew past its limit of {limit} bytes"
+        )
         # The replay must not rebuild that state: the message's calls count as stopped.
         record.over_budget.extend(i for i in range(first, len(record.calls)) if i not in record.over_budget)
-        return f"\n{ERROR_MARKER} The environment state exceeds its limit of {limit} bytes; " \
-               f"tool calls are refused for the rest of this episode."
+        return (
+            f"\n{ERROR_MARKER} The environment state exceeds its limit of {limit} bytes; "
+            f"tool calls are refused for the rest of this episode."
+        )
 
     def _execute(self, calls: list[ToolCall]) -> StepResult:
         mode = self.config.tool_result_mode

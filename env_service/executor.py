@@ -66,7 +66,8 @@ import time
 import traceback
 import types
 import unicodedata
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from env_service import _bfcl
 from env_service.calls import ToolCall, backend_class, format_call_string, public_method_names
@@ -151,8 +152,7 @@ def time_limit(seconds: float | None, memory_bytes: int | None = None):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         if outer_delay:  # give the outer alarm back what is left of it
-            signal.setitimer(signal.ITIMER_REAL, max(outer_delay - (time.monotonic() - started), 1e-3),
-                             outer_interval)
+            signal.setitimer(signal.ITIMER_REAL, max(outer_delay - (time.monotonic() - started), 1e-3), outer_interval)
     if why:
         raise CallOverBudget(why)
 
@@ -163,8 +163,10 @@ def clip_text(text: str, max_bytes: int) -> str:
     if len(data) <= max_bytes:
         return text
     kept = data[:max_bytes].decode("utf-8", "ignore")
-    return f"{kept}\n[TRUNCATED: {len(data) - len(kept.encode('utf-8'))} more bytes; the environment " \
-           f"returns at most {max_bytes} bytes per reply]"
+    return (
+        f"{kept}\n[TRUNCATED: {len(data) - len(kept.encode('utf-8'))} more bytes; the environment "
+        f"returns at most {max_bytes} bytes per reply]"
+    )
 
 
 def clip_texts(texts: list[str], max_bytes: int) -> list[str]:
@@ -219,9 +221,7 @@ def state_size(root: Any, limit: int) -> int:
 def _fresh_instance(class_name: str, initial_config: Mapping, long_context: bool) -> object:
     instance = backend_class(class_name)()
     if class_name not in _bfcl.STATELESS_CLASSES:
-        instance._load_scenario(
-            copy.deepcopy(initial_config.get(class_name, {})), long_context=long_context
-        )
+        instance._load_scenario(copy.deepcopy(initial_config.get(class_name, {})), long_context=long_context)
     # Detach the instance from module-level data that _load_scenario inserted by reference
     # (long-context TravelAPI credit cards / bookings). The memo keeps self-references pointing here.
     state = copy.deepcopy(vars(instance), {id(instance): instance})
@@ -358,8 +358,10 @@ def _resource_guard(owner: str, name: str, kwargs: dict) -> str | None:
         if abs(exponent) > MAX_INT_EXPONENT:
             return f"exponent {exponent} exceeds this environment's limit of {MAX_INT_EXPONENT} for integer powers"
         if exponent > 0 and abs(base).bit_length() * exponent > MAX_POWER_BITS:
-            return (f"the integer power would have about {abs(base).bit_length() * exponent} bits; this "
-                    f"environment's limit is {MAX_POWER_BITS}")
+            return (
+                f"the integer power would have about {abs(base).bit_length() * exponent} bits; this "
+                f"environment's limit is {MAX_POWER_BITS}"
+            )
     return None
 
 
@@ -456,7 +458,7 @@ class BackendSession:
         self._owners.clear()
         self._closed = True
 
-    def __enter__(self) -> "BackendSession":
+    def __enter__(self) -> BackendSession:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -563,11 +565,7 @@ class BackendSession:
             return parsed
         keywords = parsed.keywords if isinstance(parsed, ast.Call) else []
         names = [unicodedata.normalize("NFKC", key) for key in arguments]
-        if (
-            not isinstance(parsed, ast.Call)
-            or parsed.args
-            or [kw.arg for kw in keywords] != names
-        ):
+        if not isinstance(parsed, ast.Call) or parsed.args or [kw.arg for kw in keywords] != names:
             return f"{EXECUTION_ERROR_PREFIX}invalid argument name(s) {list(arguments)!r}"
         return dict(zip(names, arguments.values()))
 

@@ -226,10 +226,7 @@ def diagnose_tool_error(tool_name: str, error: str, tool_names: Iterable[str] = 
     if "you cannot use path" in lo or "use a single component" in lo or "one folder level at a time" in lo:
         return f"`{tool_name}` accepts a single path component only. Move one directory level per call."
     if _is_auth_error(lo):
-        return (
-            "This call needs an authenticated session. "
-            "Call the service's login/authenticate tool first, then retry."
-        )
+        return "This call needs an authenticated session. Call the service's login/authenticate tool first, then retry."
     if "tool not found" in lo or "no such tool" in lo or "unknown function" in lo or _is_undefined_name(lo):
         names = [str(n) for n in tool_names][:_MAX_LISTED_TOOLS]
         listed = f" Available tools include: {', '.join(names)}." if names else ""
@@ -243,10 +240,7 @@ def diagnose_tool_error(tool_name: str, error: str, tool_names: Iterable[str] = 
             "Check each argument's type in the tool schema (string, integer, float, list, dict)."
         )
     if len(text) < _MAX_GENERIC_ERROR_CHARS:
-        return (
-            f"`{tool_name}` returned an error. "
-            "Re-read its parameter schema and retry with corrected arguments."
-        )
+        return f"`{tool_name}` returned an error. Re-read its parameter schema and retry with corrected arguments."
     return ""
 
 
@@ -286,8 +280,7 @@ CUES_HEADER = "# Behavioral guidelines (env-evolved from recent failures):"
 #: and a label (state_mismatch, response_mismatch) are written as tags.
 DEFAULT_GUIDELINES: dict[str, str] = {
     TAG_SPURIOUS_TOOL_CALL: (
-        "If none of the available functions fits the user's request, say so in plain text instead of "
-        "calling a tool."
+        "If none of the available functions fits the user's request, say so in plain text instead of calling a tool."
     ),
     TAG_EMPTY_TURN: (
         "When an available function can carry out the user's request, call it; do not answer with text alone."
@@ -297,8 +290,7 @@ DEFAULT_GUIDELINES: dict[str, str] = {
         "current state, and make every change the user asked for."
     ),
     TAG_RESPONSE_MISMATCH: (
-        "Look up every piece of information the user asks for with the matching tool instead of answering "
-        "from memory."
+        "Look up every piece of information the user asks for with the matching tool instead of answering from memory."
     ),
     TAG_INSTANCE_MISMATCH: (
         "Only call functions of the services in the current tool list, and make sure each call actually "

@@ -110,9 +110,7 @@ def check_instance_id(instance_id: Any, what: str = "instance_id") -> str:
     if not isinstance(instance_id, str) or not instance_id:
         raise BadRequest(f"'{what}' must be a non-empty string")
     if len(instance_id) > MAX_INSTANCE_ID_LEN or not instance_id.isprintable():
-        raise BadRequest(
-            f"'{what}' must be printable and at most {MAX_INSTANCE_ID_LEN} characters"
-        )
+        raise BadRequest(f"'{what}' must be printable and at most {MAX_INSTANCE_ID_LEN} characters")
     return instance_id
 
 
@@ -184,8 +182,11 @@ class EpisodeManager:
         """``limits``: budgets and limits (defaults: :class:`ServiceLimits`); the three keyword arguments
         before it override its fields. ``workers``: processes that run the episodes (0: in this process,
         where time budgets hold only on the main thread; see ``workers.py``)."""
-        overrides = {"max_episodes": max_episodes, "idle_timeout_s": idle_timeout_s,
-                     "reclaim_interval_s": reclaim_interval_s}
+        overrides = {
+            "max_episodes": max_episodes,
+            "idle_timeout_s": idle_timeout_s,
+            "reclaim_interval_s": reclaim_interval_s,
+        }
         try:
             limits = (limits or ServiceLimits()).replace(**{k: v for k, v in overrides.items() if v is not None})
         except ValueError as error:
@@ -293,8 +294,15 @@ class EpisodeManager:
 
     # -- create --------------------------------------------------------------------------------
 
-    def create(self, task_id: Any, mode: Any, params: Any = None, instance_id: Any = None,
-               owner: str | None = None, run_id: str | None = None) -> dict:
+    def create(
+        self,
+        task_id: Any,
+        mode: Any,
+        params: Any = None,
+        instance_id: Any = None,
+        owner: str | None = None,
+        run_id: str | None = None,
+    ) -> dict:
         """Start an episode; returns ``{"instance_id", "messages", "info"}``.
 
         ``owner``: whom the episode counts against (the service passes the run id, else the client
@@ -337,8 +345,10 @@ class EpisodeManager:
             if slot.instance_id in self._slots:
                 problem: ManagerError | None = Conflict(f"instance_id {slot.instance_id!r} already exists")
             elif len(self._slots) >= self.max_episodes:
-                problem = CapacityExceeded(f"{len(self._slots)} live episodes (limit {self.max_episodes}); "
-                                           f"release finished episodes or retry later")
+                problem = CapacityExceeded(
+                    f"{len(self._slots)} live episodes (limit {self.max_episodes}); "
+                    f"release finished episodes or retry later"
+                )
             elif self._owned(slot.owner) >= self.limits.max_episodes_per_owner:
                 problem = self._owner_full(slot.owner)
             else:
@@ -366,8 +376,7 @@ class EpisodeManager:
         except Exception as error:  # noqa: BLE001 - a bug: log it, answer 500 without internals
             self._count("episode_failures")
             log.exception("creating an episode for %s failed", task.id)
-            raise EpisodeFailure(f"internal error creating an episode for {task.id} "
-                                 f"({type(error).__name__})") from None
+            raise EpisodeFailure(f"internal error creating an episode for {task.id} ({type(error).__name__})") from None
         version = profile_state["version"] if profile is not None else None
         return episode, messages, version
 
@@ -414,7 +423,8 @@ class EpisodeManager:
     def _owner_full(self, owner: str | None) -> CapacityExceeded:
         return CapacityExceeded(
             f"{self.limits.max_episodes_per_owner} live episodes of this client ({owner or 'anonymous'}) "
-            f"already, its limit; release finished episodes or retry later")
+            f"already, its limit; release finished episodes or retry later"
+        )
 
     def _ensure_capacity(self, owner: str | None = None) -> None:
         with self._lock:
@@ -426,8 +436,7 @@ class EpisodeManager:
             live, owned = len(self._slots), self._owned(owner)
         if live >= self.max_episodes:
             raise CapacityExceeded(
-                f"{live} live episodes (limit {self.max_episodes}); release finished episodes "
-                f"or retry later"
+                f"{live} live episodes (limit {self.max_episodes}); release finished episodes or retry later"
             )
         if owned >= self.limits.max_episodes_per_owner:
             raise self._owner_full(owner)
@@ -452,8 +461,7 @@ class EpisodeManager:
                 return copy.deepcopy(cached)
             if slot.terminated or getattr(slot.episode, "terminated", False):
                 raise Conflict(
-                    f"episode {slot.instance_id!r} has terminated after {slot.steps} steps; "
-                    f"evaluate and release it"
+                    f"episode {slot.instance_id!r} has terminated after {slot.steps} steps; evaluate and release it"
                 )
             result = self._guard("step", slot, self._step_episode, slot, content)
             slot.steps += 1
@@ -482,8 +490,12 @@ class EpisodeManager:
         info = dict(result.info or {})
         info.setdefault("step", slot.steps)
         return json_safe(
-            {"message": result.message, "extra_messages": result.extra_messages,
-             "terminated": bool(result.terminated), "info": info}
+            {
+                "message": result.message,
+                "extra_messages": result.extra_messages,
+                "terminated": bool(result.terminated),
+                "info": info,
+            }
         )
 
     # -- evaluate / release --------------------------------------------------------------------
@@ -601,9 +613,7 @@ class EpisodeManager:
         except (ValueError, TypeError, RecursionError) as error:
             raise BadRequest(f"'profile' must be plain JSON (no NaN/Infinity): {error}") from None
         if len(encoded) > MAX_PROFILE_BYTES:
-            raise PayloadTooLarge(
-                f"profile is {len(encoded)} bytes; the limit is {MAX_PROFILE_BYTES} bytes"
-            )
+            raise PayloadTooLarge(f"profile is {len(encoded)} bytes; the limit is {MAX_PROFILE_BYTES} bytes")
         key = run_id or ""
         with self._lock:
             # Episodes get their own copy (get_profile), so one stored copy is enough.

@@ -125,10 +125,7 @@ def _too_many_calls_error(n: int) -> str:
 
 
 def _too_deep_error(name: Any) -> str:
-    return (
-        f"Tool '{shown_name(name)}' arguments are nested too deeply "
-        f"(more than {MAX_ARGUMENT_DEPTH} levels)."
-    )
+    return f"Tool '{shown_name(name)}' arguments are nested too deeply (more than {MAX_ARGUMENT_DEPTH} levels)."
 
 
 # ------------------------------------------------------------------------------------------------
@@ -279,8 +276,7 @@ ERR_PY_EMBEDDED = (
     "reply with only that list, or with plain text."
 )
 ERR_PY_XML_TAGS = (
-    "This prompt format expects a Python function-call list like [func_name(arg=value)], "
-    "not <tool_call> tags."
+    "This prompt format expects a Python function-call list like [func_name(arg=value)], not <tool_call> tags."
 )
 
 
@@ -326,9 +322,7 @@ def _read_python_call(node: ast.AST) -> tuple[ToolCall | None, str | None]:
     if name is None:
         return None, "A function call has an invalid function name."
     if node.args:
-        return None, (
-            f"Tool '{shown_name(name)}' uses positional arguments; pass every argument as name=value."
-        )
+        return None, (f"Tool '{shown_name(name)}' uses positional arguments; pass every argument as name=value.")
     arguments: dict[str, Any] = {}
     for keyword in node.keywords:
         if keyword.arg is None:
@@ -338,9 +332,7 @@ def _read_python_call(node: ast.AST) -> tuple[ToolCall | None, str | None]:
         try:
             value = _json_like(ast.literal_eval(keyword.value))
         except _NotJsonLike:
-            return None, (
-                f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a JSON-like literal value."
-            )
+            return None, (f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a JSON-like literal value.")
         except Exception:  # ValueError for names/expressions; RecursionError, MemoryError
             return None, f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a literal value."
         arguments[keyword.arg] = value
@@ -417,9 +409,7 @@ def parse_assistant(text: Any, prompt_mode: str = "bfcl_qwen_fc", strict: bool =
     try:
         parser = _PARSERS[prompt_mode]
     except KeyError:
-        raise ValueError(
-            f"unknown tool_prompt_mode {prompt_mode!r}; expected one of {sorted(_PARSERS)}"
-        ) from None
+        raise ValueError(f"unknown tool_prompt_mode {prompt_mode!r}; expected one of {sorted(_PARSERS)}") from None
     return parser(text, strict=strict)
 
 

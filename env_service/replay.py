@@ -162,8 +162,13 @@ def _category_of(task_id: str) -> str:
 SKIPPED_UNREACHABLE = "skipped: the service stopped answering"
 
 
-def replay_task(client, task_id: str, mode: str = "validate", params: dict | None = None,
-                service_gone: threading.Event | None = None) -> ReplayResult:
+def replay_task(
+    client,
+    task_id: str,
+    mode: str = "validate",
+    params: dict | None = None,
+    service_gone: threading.Event | None = None,
+) -> ReplayResult:
     """Create, replay every GT message, evaluate and release one episode (release also on errors).
 
     ``client``: anything with the ``env_service.client`` interface (in-process or HTTP).
@@ -207,8 +212,14 @@ def replay_task(client, task_id: str, mode: str = "validate", params: dict | Non
     return result
 
 
-def replay_split(client, task_ids: list[str], concurrency: int = 1, mode: str = "validate",
-                 params: dict | None = None, progress: bool = False) -> list[ReplayResult]:
+def replay_split(
+    client,
+    task_ids: list[str],
+    concurrency: int = 1,
+    mode: str = "validate",
+    params: dict | None = None,
+    progress: bool = False,
+) -> list[ReplayResult]:
     """Replay many tasks with ``concurrency`` threads; results in the order of ``task_ids``.
 
     Once the service is unreachable, the remaining tasks are skipped (error ``SKIPPED_UNREACHABLE``).
@@ -249,26 +260,34 @@ def summarize(results: list[ReplayResult]) -> dict:
     """Per-category and total counts, the failing ids, and ``ok`` (no errors, no unexpected failures)."""
     categories: dict[str, dict] = {}
     for r in results:
-        row = categories.setdefault(r.category, {"tasks": 0, "passed": 0, "expected_failures": 0,
-                                                 "unexpected_failures": 0, "errors": 0})
+        row = categories.setdefault(
+            r.category, {"tasks": 0, "passed": 0, "expected_failures": 0, "unexpected_failures": 0, "errors": 0}
+        )
         row["tasks"] += 1
         row["passed"] += r.passed
-        row["expected_failures"] += (not r.passed and r.error is None and r.expected_failure)
+        row["expected_failures"] += not r.passed and r.error is None and r.expected_failure
         row["unexpected_failures"] += r.unexpected
         row["errors"] += r.error is not None
     order = {c: i for i, c in enumerate(CATEGORIES)}
     categories = dict(sorted(categories.items(), key=lambda kv: order.get(kv[0], len(order))))
-    total = {key: sum(row[key] for row in categories.values())
-             for key in ("tasks", "passed", "expected_failures", "unexpected_failures", "errors")}
+    total = {
+        key: sum(row[key] for row in categories.values())
+        for key in ("tasks", "passed", "expected_failures", "unexpected_failures", "errors")
+    }
     seconds = sum(r.seconds for r in results)
     return {
         "categories": categories,
         "total": total,
         "failing": [
-            {"task_id": r.task_id, "expected": r.expected_failure and r.error is None,
-             "error": r.error is not None, "reason": r.error or r.error_type or "failed",
-             **({"note": EXPECTED_FAILURES[r.task_id]} if r.expected_failure else {})}
-            for r in results if not r.passed
+            {
+                "task_id": r.task_id,
+                "expected": r.expected_failure and r.error is None,
+                "error": r.error is not None,
+                "reason": r.error or r.error_type or "failed",
+                **({"note": EXPECTED_FAILURES[r.task_id]} if r.expected_failure else {}),
+            }
+            for r in results
+            if not r.passed
         ],
         "mean_episode_s": seconds / len(results) if results else 0.0,
         "ok": total["errors"] == 0 and total["unexpected_failures"] == 0,
@@ -282,8 +301,10 @@ def format_report(report: dict) -> str:
 
     def row(name: str, r: dict) -> str:
         rate = 100.0 * r["passed"] / r["tasks"] if r["tasks"] else 0.0
-        return (f"{name:<14}{r['tasks']:>7}{r['passed']:>8}{rate:>7.1f}%{r['expected_failures']:>10}"
-                f"{r['unexpected_failures']:>12}{r['errors']:>8}")
+        return (
+            f"{name:<14}{r['tasks']:>7}{r['passed']:>8}{rate:>7.1f}%{r['expected_failures']:>10}"
+            f"{r['unexpected_failures']:>12}{r['errors']:>8}"
+        )
 
     for name, r in report["categories"].items():
         lines.append(row(name, r))

@@ -103,13 +103,11 @@ class SafeJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         try:
-            return json.dumps(
-                content, ensure_ascii=False, allow_nan=False, separators=(",", ":")
-            ).encode("utf-8")
+            return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
         except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
-            return json.dumps(
-                sanitise(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")
-            ).encode("ascii")
+            return json.dumps(sanitise(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode(
+                "ascii"
+            )
 
 
 def _error(status: int, code: str, detail: str) -> SafeJSONResponse:
@@ -149,8 +147,10 @@ def _raw_error(status: int, code: str, detail: str) -> bytes:
     body = json.dumps({"error": code, "detail": detail}).encode()
     from http import HTTPStatus
 
-    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
 
 
 def guarded_protocol(limits: HttpLimits):
@@ -184,8 +184,11 @@ def guarded_protocol(limits: HttpLimits):
                 self._header_bytes += len(piece)
                 super().data_received(piece)
                 if self._refusal is None and self._in_headers and self._header_bytes >= limits.max_header_bytes:
-                    self._refusal = (431, "headers_too_large",
-                                     f"request line and headers exceed {limits.max_header_bytes} bytes")
+                    self._refusal = (
+                        431,
+                        "headers_too_large",
+                        f"request line and headers exceed {limits.max_header_bytes} bytes",
+                    )
                 if self._refusal is not None:
                     return self._refuse(*self._refusal)
 
@@ -196,8 +199,11 @@ def guarded_protocol(limits: HttpLimits):
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_count += 1
             if self._header_count > limits.max_headers:
-                self._refusal = self._refusal or (431, "headers_too_many",
-                                                  f"more than {limits.max_headers} request headers")
+                self._refusal = self._refusal or (
+                    431,
+                    "headers_too_many",
+                    f"more than {limits.max_headers} request headers",
+                )
             elif self._refusal is None:
                 super().on_header(name, value)
 
@@ -229,8 +235,7 @@ def guarded_protocol(limits: HttpLimits):
         def _read_timed_out(self) -> None:
             self._read_timer = None
             if self.cycle is None or self.cycle.response_complete:  # nothing of ours is being sent
-                self._refuse(408, "request_timeout",
-                             f"the request did not arrive within {limits.read_timeout_s:g} s")
+                self._refuse(408, "request_timeout", f"the request did not arrive within {limits.read_timeout_s:g} s")
             else:
                 self.transport.close()
 
@@ -313,9 +318,12 @@ class SecretMiddleware:
         given = next((v for k, v in scope.get("headers") or () if k == AUTH_HEADER.encode()), b"")
         if hmac.compare_digest(given, self.expected):  # constant time: no timing oracle on the secret
             return await self.app(scope, receive, send)
-        response = _error(401, "unauthorized",
-                          f"this service requires its shared secret: send 'Authorization: Bearer <secret>' "
-                          f"(the client takes secret=..., or reads ${SECRET_ENV})")
+        response = _error(
+            401,
+            "unauthorized",
+            f"this service requires its shared secret: send 'Authorization: Bearer <secret>' "
+            f"(the client takes secret=..., or reads ${SECRET_ENV})",
+        )
         await response(scope, receive, send)
 
 
@@ -335,8 +343,12 @@ def _owner(request: Request, run_id: str | None) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def create_app(manager: EpisodeManager | None = None, secret: str | None = None,
-               service_id: str | None = None, limits: HttpLimits | None = None) -> FastAPI:
+def create_app(
+    manager: EpisodeManager | None = None,
+    secret: str | None = None,
+    service_id: str | None = None,
+    limits: HttpLimits | None = None,
+) -> FastAPI:
     """The FastAPI app. ``manager``: share one with other code (tests); default: a fresh one.
 
     ``secret``: required on every endpoint but ``OPEN_PATHS``. ``service_id``: echoed by ``/health`` so
@@ -414,29 +426,45 @@ def _route(manager: EpisodeManager, endpoint: Endpoint):
 
     parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)]
     if endpoint.body is not None:  # FastAPI reads the body model from the signature
-        parameters.insert(0, inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                               annotation=endpoint.body))
+        parameters.insert(
+            0, inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=endpoint.body)
+        )
     route.__signature__ = inspect.Signature(parameters)
     return route
 
 
 def _install_routes(app: FastAPI, manager: EpisodeManager) -> None:
-    errors = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
-              409: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-              422: {"model": ErrorResponse}}
+    errors = {
+        400: {"model": ErrorResponse},
+        404: {"model": ErrorResponse},
+        409: {"model": ErrorResponse},
+        413: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+    }
     for endpoint in ENDPOINTS:
-        app.add_api_route(f"/{endpoint.path}", _route(manager, endpoint), methods=[endpoint.method],
-                          name=endpoint.manager_method, response_model=endpoint.response,
-                          responses=errors if endpoint.body is not None else None)
+        app.add_api_route(
+            f"/{endpoint.path}",
+            _route(manager, endpoint),
+            methods=[endpoint.method],
+            name=endpoint.manager_method,
+            response_model=endpoint.response,
+            responses=errors if endpoint.body is not None else None,
+        )
 
     async def health():
         # Stats take only the manager's short dict lock: answer on the loop, even when the pool
         # is saturated, so liveness probes never time out under load.
         # "degraded" (503) while a worker process is dead or past the deadline of the request it serves.
         workers = manager.health()
-        return SafeJSONResponse({"status": "ok" if workers["ok"] else "degraded",
-                                 "service_id": app.state.service_id, **manager.stats(), "workers": workers},
-                                status_code=200 if workers["ok"] else 503)
+        return SafeJSONResponse(
+            {
+                "status": "ok" if workers["ok"] else "degraded",
+                "service_id": app.state.service_id,
+                **manager.stats(),
+                "workers": workers,
+            },
+            status_code=200 if workers["ok"] else 503,
+        )
 
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/healthz", health, methods=["GET"], include_in_schema=False)
@@ -477,8 +505,14 @@ def _uvicorn_config(app, host: str, port: int, log_level: str, access_log: bool,
     import uvicorn
 
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
-        http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=access_log,
+        lifespan="on",
+        http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_s,
         limit_concurrency=limits.max_connections,
     )
 
@@ -515,9 +549,16 @@ class ServerThread:
     ...     EnvClient(server.url).health()
     """
 
-    def __init__(self, manager: EpisodeManager | None = None, host: str = DEFAULT_HOST,
-                 port: int = 0, log_level: str = "warning", secret: str | None = None,
-                 service_id: str | None = None, limits: HttpLimits | None = None):
+    def __init__(
+        self,
+        manager: EpisodeManager | None = None,
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        log_level: str = "warning",
+        secret: str | None = None,
+        service_id: str | None = None,
+        limits: HttpLimits | None = None,
+    ):
         import uvicorn
 
         check_bind(host, secret)
@@ -540,7 +581,7 @@ class ServerThread:
     def _run(self) -> None:
         self.server.run(sockets=[self._socket])
 
-    def start(self, timeout_s: float = 30.0) -> "ServerThread":
+    def start(self, timeout_s: float = 30.0) -> ServerThread:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
@@ -558,7 +599,7 @@ class ServerThread:
         with contextlib.suppress(OSError):
             self._socket.close()
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

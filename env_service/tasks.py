@@ -72,8 +72,7 @@ def parse_task_id(task_id: str) -> tuple[str, int]:
     category, sep, index_text = task_id[len(CATEGORY_PREFIX) :].rpartition("_")
     if not sep or category not in CATEGORIES or not index_text.isdigit():
         raise ValueError(
-            f"malformed task id {task_id!r}: expected 'multi_turn_<category>_<index>' "
-            f"with category in {CATEGORIES}"
+            f"malformed task id {task_id!r}: expected 'multi_turn_<category>_<index>' with category in {CATEGORIES}"
         )
     return category, int(index_text)
 
@@ -124,9 +123,7 @@ def _build_all_tasks() -> dict[str, Task]:
         bfcl_category = _bfcl.DATASET_CATEGORY_PREFIX + category
         # include_language_specific_hint=False keeps the docs free of bfcl's "Python 3 syntax" suffix
         # (and load_dataset_entry reads fresh dicts per entry, so no description mutation is shared).
-        entries = _bfcl.load_dataset_entry(
-            bfcl_category, include_prereq=False, include_language_specific_hint=False
-        )
+        entries = _bfcl.load_dataset_entry(bfcl_category, include_prereq=False, include_language_specific_hint=False)
         answers = _bfcl.load_ground_truth_entry(bfcl_category)
         if len(entries) != TASKS_PER_CATEGORY or len(answers) != TASKS_PER_CATEGORY:
             raise RuntimeError(f"{bfcl_category}: expected {TASKS_PER_CATEGORY} entries")

@@ -239,8 +239,9 @@ class _ReplayBudget:
             why = f"not replayed: the evaluation used up its {self.limits.evaluate_budget_s:g} s"
             return over_budget_text(why), True
         try:
-            result = session.execute(record.calls[index], min(self.limits.call_budget_s, remaining),
-                                     self.limits.call_memory_mib * 2**20)
+            result = session.execute(
+                record.calls[index], min(self.limits.call_budget_s, remaining), self.limits.call_memory_mib * 2**20
+            )
         except CallOverBudget as stopped:
             return over_budget_text(str(stopped)), True
         return clip_text(result, self.limits.max_reply_bytes), False
@@ -258,9 +259,7 @@ def _replay(task: Task, turns: list[TurnRecord], limits: ServiceLimits) -> tuple
         tool_names = model.tool_names
         all_model_results: list[str] = []
         replayed: list[_Turn] = []
-        for turn_index, (gt_strings, record) in enumerate(
-            zip(task.ground_truth, _pad(turns, len(task.ground_truth)))
-        ):
+        for turn_index, (gt_strings, record) in enumerate(zip(task.ground_truth, _pad(turns, len(task.ground_truth)))):
             outcomes = [budget.run(model, record, i) for i in range(len(record.calls))]
             model_results = [result for result, _ in outcomes]
             all_model_results.extend(model_results)
@@ -317,9 +316,7 @@ def _verdict(replayed: list[_Turn], num_model_turns: int) -> tuple[bool, str | N
     return True, None, None
 
 
-def _match_on_required(
-    gt_calls: list[ToolCall], model_calls: list[ToolCall], required: list[str]
-) -> tuple[int, int]:
+def _match_on_required(gt_calls: list[ToolCall], model_calls: list[ToolCall], required: list[str]) -> tuple[int, int]:
     """Greedy match on required-parameter values; returns (unmatched GT, unmatched model) counts."""
     remaining = list(model_calls)
     unmatched_gt = 0
@@ -449,9 +446,7 @@ def _parse_record_turns(raw_turns: Any, record_id: str) -> list[TurnRecord]:
                 or not isinstance(raw_call.get("name"), str)
                 or not isinstance(raw_call.get("arguments", {}), dict)
             ):
-                raise ValueError(
-                    f"{record_id}: turn {t} call {c} must be {{\"name\": str, \"arguments\": object}}"
-                )
+                raise ValueError(f'{record_id}: turn {t} call {c} must be {{"name": str, "arguments": object}}')
             calls.append(ToolCall(name=raw_call["name"], arguments=raw_call.get("arguments", {})))
         turns.append(TurnRecord(calls=calls))
     return turns

@@ -170,10 +170,13 @@ class WorkerPool:
     def _launch(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair()
         package_root = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
-                                                                        os.environ.get("PYTHONPATH")]))}
-        process = subprocess.Popen([sys.executable, "-m", "env_service.workers", str(theirs.fileno())],
-                                   pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "env_service.workers", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         theirs.close()
         conn = Connection(ours.detach())
         conn.send(self.limits)
@@ -188,13 +191,19 @@ class WorkerPool:
         try:
             conn.recv()  # ("ready", pid)
         except EOFError:
-            raise RuntimeError(f"env worker {worker.index} exited during start-up (exit code "
-                               f"{process.wait()}); see its log above") from None
+            raise RuntimeError(
+                f"env worker {worker.index} exited during start-up (exit code {process.wait()}); see its log above"
+            ) from None
 
     def _kill(self, worker: _Worker, why: str) -> None:
         """Kill and replace ``worker`` (its lock held); its episodes are lost."""
-        log.error("env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes lost)",
-                  worker.index, worker.process.pid, why, len(worker.episodes))
+        log.error(
+            "env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes lost)",
+            worker.index,
+            worker.process.pid,
+            why,
+            len(worker.episodes),
+        )
         worker.process.kill()
         worker.process.wait()
         worker.conn.close()
@@ -218,8 +227,9 @@ class WorkerPool:
                 worker.conn.send((op, key, args))
                 if not worker.conn.poll(deadline_s):
                     self._kill(worker, f"no answer to {op} within {deadline_s:g} s")
-                    raise WorkerLost(f"the episode's worker did not answer {op} within {deadline_s:g} s "
-                                     f"and was replaced")
+                    raise WorkerLost(
+                        f"the episode's worker did not answer {op} within {deadline_s:g} s and was replaced"
+                    )
                 ok, payload = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError) as error:
                 self._kill(worker, f"connection lost during {op} ({type(error).__name__})")
@@ -245,8 +255,9 @@ class WorkerPool:
             worker.episodes.add(key)
             generation = worker.generation
         try:
-            messages, info = self._request(worker, generation, SHORT_REQUEST_S, "create", key,
-                                           task_id, mode, config, profile)
+            messages, info = self._request(
+                worker, generation, SHORT_REQUEST_S, "create", key, task_id, mode, config, profile
+            )
         except BaseException:
             with self._state:
                 worker.episodes.discard(key)
@@ -297,12 +308,24 @@ class WorkerPool:
             alive = w.process is not None and w.process.poll() is None
             busy_since = w.busy_since
             busy_s = 0.0 if busy_since is None else now - busy_since
-            rows.append({"pid": w.process.pid if w.process else None, "alive": alive,
-                         "busy_s": round(busy_s, 3), "answering": alive and busy_s <= w.busy_deadline_s + 1.0,
-                         "episodes": len(w.episodes), "restarts": w.restarts})
+            rows.append(
+                {
+                    "pid": w.process.pid if w.process else None,
+                    "alive": alive,
+                    "busy_s": round(busy_s, 3),
+                    "answering": alive and busy_s <= w.busy_deadline_s + 1.0,
+                    "episodes": len(w.episodes),
+                    "restarts": w.restarts,
+                }
+            )
         answering = sum(r["answering"] for r in rows)
-        return {"workers": len(rows), "workers_answering": answering, "ok": answering == len(rows),
-                "worker_restarts": sum(r["restarts"] for r in rows), "per_worker": rows}
+        return {
+            "workers": len(rows),
+            "workers_answering": answering,
+            "ok": answering == len(rows),
+            "worker_restarts": sum(r["restarts"] for r in rows),
+            "per_worker": rows,
+        }
 
     def close(self) -> None:
         with self._state:

@@ -173,8 +173,7 @@ def check(out_dir: Path, seed: int = SPLIT_SEED) -> list[str]:
         return [
             name
             for name in OUTPUT_FILES
-            if not (out_dir / name).is_file()
-            or not filecmp.cmp(out_dir / name, Path(tmp) / name, shallow=False)
+            if not (out_dir / name).is_file() or not filecmp.cmp(out_dir / name, Path(tmp) / name, shallow=False)
         ]
 
 

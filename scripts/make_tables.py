@@ -39,8 +39,11 @@ from seal import paper_numbers as paper  # noqa: E402
 from seal.eval.report import TABLE_COLUMNS, Cell, pct  # noqa: E402
 from seal.eval.runs import DEFAULT_VAL_FILE, RunResult, load_run  # noqa: E402
 
-BACKBONE_KEYS = {"qwen2.5-3b": "Qwen2.5-3B-Instruct", "qwen2.5-7b": "Qwen2.5-7B-Instruct",
-                 "toolace2-8b": "ToolACE-2-Llama-3.1-8B"}
+BACKBONE_KEYS = {
+    "qwen2.5-3b": "Qwen2.5-3B-Instruct",
+    "qwen2.5-7b": "Qwen2.5-7B-Instruct",
+    "toolace2-8b": "ToolACE-2-Llama-3.1-8B",
+}
 
 
 def table1_key(name: str) -> tuple[str, str] | None:
@@ -61,7 +64,7 @@ def paper_cell(value: float | None, column: str) -> Cell | None:
 def difference(ours: Cell | None, theirs: Cell | None) -> str:
     if ours is None or theirs is None or not ours.n or math.isnan(ours.accuracy):
         return ""
-    se = math.sqrt((0 if math.isnan(ours.stderr) else ours.stderr) ** 2 + theirs.stderr ** 2)
+    se = math.sqrt((0 if math.isnan(ours.stderr) else ours.stderr) ** 2 + theirs.stderr**2)
     return f"{100 * (ours.accuracy - theirs.accuracy):+.2f} ± {100 * se:.2f}"
 
 
@@ -86,7 +89,7 @@ def mcnemar(a: dict[str, bool], b: dict[str, bool]) -> dict:
     only_a = sum(a[t] and not b[t] for t in shared)
     only_b = sum(b[t] and not a[t] for t in shared)
     k, n = min(only_a, only_b), only_a + only_b
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
     return {"tasks": len(shared), "only_a": only_a, "only_b": only_b, "p_value": p}
 
 
@@ -114,36 +117,50 @@ def make_tables(runs: dict[str, RunResult], out_dir: str, pairs: list[tuple[str,
 
     os.makedirs(out_dir, exist_ok=True)
     by_t1 = {table1_key(k): r for k, r in runs.items() if table1_key(k)}
-    t1_rows = [(f"{b} {paper.TRAINING_NAMES[t]}", by_t1.get((b, t)), paper.TABLE1[(b, t)])
-               for b in paper.BACKBONES for t in paper.TRAININGS]
+    t1_rows = [
+        (f"{b} {paper.TRAINING_NAMES[t]}", by_t1.get((b, t)), paper.TABLE1[(b, t)])
+        for b in paper.BACKBONES
+        for t in paper.TRAININGS
+    ]
     ab_rows = [(paper.ABLATION_NAMES[k], runs.get(k), numbers) for k, numbers in paper.ABLATION.items()]
     texts = {
         "table1.md": "Table 1 (accuracy %, ours ± standard error / paper / ours − paper ± standard error)\n\n"
-                     + comparison_table(t1_rows),
+        + comparison_table(t1_rows),
         "ablation.md": "Ablation on Qwen2.5-7B-Instruct (the paper reports the Average only)\n\n"
-                       + comparison_table(ab_rows),
+        + comparison_table(ab_rows),
         "runs.md": markdown_table({k: r.cells for k, r in runs.items()}),
     }
     with_verdicts = {k: r for k, r in runs.items() if r.verdicts}
     if pairs is None:
-        pairs = [(a, b) for a, b in itertools.combinations(with_verdicts, 2)
-                 if set(with_verdicts[a].verdicts) == set(with_verdicts[b].verdicts)]
-    tests = {f"{a} vs {b}": mcnemar(runs[a].verdicts, runs[b].verdicts) for a, b in pairs
-             if a in with_verdicts and b in with_verdicts}
-    lines = ["| A vs B | tasks | only A passed | only B passed | p (exact McNemar) |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+        pairs = [
+            (a, b)
+            for a, b in itertools.combinations(with_verdicts, 2)
+            if set(with_verdicts[a].verdicts) == set(with_verdicts[b].verdicts)
+        ]
+    tests = {
+        f"{a} vs {b}": mcnemar(runs[a].verdicts, runs[b].verdicts)
+        for a, b in pairs
+        if a in with_verdicts and b in with_verdicts
+    }
+    lines = [
+        "| A vs B | tasks | only A passed | only B passed | p (exact McNemar) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     lines += [f"| {k} | {v['tasks']} | {v['only_a']} | {v['only_b']} | {v['p_value']:.4g} |" for k, v in tests.items()]
     texts["mcnemar.md"] = "\n".join(lines) + "\n"
     for name, text in texts.items():
         Path(out_dir, name).write_text(text)
     summary = {
-        "runs": {k: {"path": r.path, "step": r.step, "cells": {c: vars(v) for c, v in r.cells.items()}}
-                 for k, r in runs.items()},
+        "runs": {
+            k: {"path": r.path, "step": r.step, "cells": {c: vars(v) for c, v in r.cells.items()}}
+            for k, r in runs.items()
+        },
         "mcnemar": tests,
     }
     Path(out_dir, "tables.json").write_text(json.dumps(summary, indent=1))
-    figure = accuracy_bands({k: r.history for k, r in runs.items() if r.history},
-                            os.path.join(out_dir, "accuracy_over_steps.png"))
+    figure = accuracy_bands(
+        {k: r.history for k, r in runs.items() if r.history}, os.path.join(out_dir, "accuracy_over_steps.png")
+    )
     if figure:
         summary["figure"] = figure
     return summary
@@ -155,10 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="tables")
     parser.add_argument("--step", default="last", help="which validation of a training run: last, best or a step")
     parser.add_argument("--row", action="append", default=[], help="KEY=PATH: a run for a row (see above)")
-    parser.add_argument("--mcnemar", nargs=2, action="append", metavar=("RUN_A", "RUN_B"),
-                        help="a pair of runs to test (default: every pair scored on the same tasks)")
-    parser.add_argument("--val-file", default=DEFAULT_VAL_FILE,
-                        help="the training runs' data.val_files (row order of their validation dumps)")
+    parser.add_argument(
+        "--mcnemar",
+        nargs=2,
+        action="append",
+        metavar=("RUN_A", "RUN_B"),
+        help="a pair of runs to test (default: every pair scored on the same tasks)",
+    )
+    parser.add_argument(
+        "--val-file",
+        default=DEFAULT_VAL_FILE,
+        help="the training runs' data.val_files (row order of their validation dumps)",
+    )
     args = parser.parse_args(argv)
     runs = discover(args.runs_dir, args.row, args.step, args.val_file)
     if not runs:
@@ -167,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     make_tables(runs, args.out, [tuple(p) for p in args.mcnemar] if args.mcnemar else None)
     for name in ("table1.md", "ablation.md", "runs.md", "mcnemar.md"):
         print(Path(args.out, name).read_text())
-    print(f"[make_tables] wrote {args.out}/: table1.md, ablation.md, runs.md, mcnemar.md, tables.json"
-          + (", accuracy_over_steps.png" if any(r.history for r in runs.values()) else ""))
+    print(
+        f"[make_tables] wrote {args.out}/: table1.md, ablation.md, runs.md, mcnemar.md, tables.json"
+        + (", accuracy_over_steps.png" if any(r.history for r in runs.values()) else "")
+    )
     return 0
 
 

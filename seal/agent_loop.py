@@ -64,8 +64,13 @@ def env_client(env_cfg):
     url, secret = service_for_this_node(env_cfg)
     key = (url, float(env_cfg.timeout_s), int(env_cfg.retries), env_cfg.get("run_id"))
     if key not in _CLIENTS:
-        _CLIENTS[key] = make_client(url, run_id=env_cfg.get("run_id"), secret=secret,
-                                    timeout_s=float(env_cfg.timeout_s), retries=int(env_cfg.retries))
+        _CLIENTS[key] = make_client(
+            url,
+            run_id=env_cfg.get("run_id"),
+            secret=secret,
+            timeout_s=float(env_cfg.timeout_s),
+            retries=int(env_cfg.retries),
+        )
     return _CLIENTS[key]
 
 
@@ -126,7 +131,9 @@ class BfclAgentLoop(AgentLoopBase):
                 return self._failed_output(task_id, extra, str(exc), metrics, want_logprobs)
             except (EnvServiceError, EpisodeFailed, OSError) as exc:  # env side failed: retry the episode
                 last_error = exc
-                logger.warning("episode %s attempt %d/%d failed: %s", task_id, attempt + 1, self.episode_retries + 1, exc)
+                logger.warning(
+                    "episode %s attempt %d/%d failed: %s", task_id, attempt + 1, self.episode_retries + 1, exc
+                )
                 await asyncio.sleep(min(2.0**attempt, 8.0) * 0.25)
         return self._failed_output(task_id, extra, str(last_error), metrics, want_logprobs)
 
@@ -243,8 +250,9 @@ class BfclAgentLoop(AgentLoopBase):
 
     # ---- outputs -------------------------------------------------------------------------------------
 
-    def _output(self, task_id: str, info: dict, traj: Trajectory, evaluation: dict, metrics: dict,
-                want_logprobs: bool) -> AgentLoopOutput:
+    def _output(
+        self, task_id: str, info: dict, traj: Trajectory, evaluation: dict, metrics: dict, want_logprobs: bool
+    ) -> AgentLoopOutput:
         response_ids = traj.token_ids[traj.prompt_len :][: self.response_length]
         fields = diagnosis_fields(task_id, info.get("category"), evaluation, traj.model_calls, traj.termination)
         fields["seal_env_errors"] = traj.env_errors
@@ -262,8 +270,9 @@ class BfclAgentLoop(AgentLoopBase):
             extra_fields={**fields, "reward_extra_info": reward_extra_info(float(evaluation.get("progress", 0.0)))},
         )
 
-    def _failed_output(self, task_id: str, extra: dict, error: str, metrics: dict,
-                       want_logprobs: bool) -> AgentLoopOutput:
+    def _failed_output(
+        self, task_id: str, extra: dict, error: str, metrics: dict, want_logprobs: bool
+    ) -> AgentLoopOutput:
         fields = diagnosis_fields(task_id, extra.get("category"), None, 0, "env_error")
         fields.update(seal_failed=True, seal_error=error[:500])
         if self.results_path:
@@ -287,9 +296,20 @@ class BfclAgentLoop(AgentLoopBase):
             log.add(text, step["message"], step["info"], step["terminated"])
         tokens = {"prompt": traj.prompt_len, "completion": sum(traj.response_mask)}
         source = {"mode": "checkpoint", "model": str(self.config.actor_rollout_ref.model.path)}
-        append_record(self.results_path, make_record(
-            task_id, evaluation, log.as_list(), model_calls=traj.model_calls, termination=traj.termination,
-            tokens=tokens, source=source, failed=evaluation is None, error=error))
+        append_record(
+            self.results_path,
+            make_record(
+                task_id,
+                evaluation,
+                log.as_list(),
+                model_calls=traj.model_calls,
+                termination=traj.termination,
+                tokens=tokens,
+                source=source,
+                failed=evaluation is None,
+                error=error,
+            ),
+        )
 
 
 def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None, calls: int, termination: str) -> dict:

@@ -428,8 +428,9 @@ def _scale_quantiles(scales: Sequence[float], prefix: str) -> dict[str, float]:
     """The distribution of the applied scales over the tagged trajectories (``<prefix>/scale/<quantile>``)."""
     if not scales:
         return {}
-    values = torch.quantile(torch.tensor(scales, dtype=torch.float64), torch.tensor(list(SCALE_QUANTILES.values()),
-                                                                                   dtype=torch.float64))
+    values = torch.quantile(
+        torch.tensor(scales, dtype=torch.float64), torch.tensor(list(SCALE_QUANTILES.values()), dtype=torch.float64)
+    )
     return {f"{prefix}/scale/{name}": float(v) for name, v in zip(SCALE_QUANTILES, values.tolist())}
 
 

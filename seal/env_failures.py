@@ -18,7 +18,6 @@ rollout-correction check, which needs one trained token.
 from __future__ import annotations
 
 import numpy as np
-
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
@@ -68,7 +67,10 @@ def split_validation_failures(data_sources, sample_uids, infos: dict, sample_tur
     data_sources = np.asarray(data_sources)
     flags = infos.get(FAILED_KEY) or [0.0] * len(data_sources)
     failed = np.asarray(flags, dtype=float) > 0
-    metrics = {"val-aux/env_failed/count": int(failed.sum()), "val-aux/env_failed/share": float(failed.mean()) if len(failed) else 0.0}
+    metrics = {
+        "val-aux/env_failed/count": int(failed.sum()),
+        "val-aux/env_failed/share": float(failed.mean()) if len(failed) else 0.0,
+    }
     for source in sorted(set(data_sources[failed].tolist())):
         metrics[f"val-aux/env_failed/{source}/count"] = int((data_sources[failed] == source).sum())
     if metrics["val-aux/env_failed/share"] > max_share:
@@ -96,4 +98,11 @@ class SealAgentLoopManager(AgentLoopManager):
         return output
 
 
-__all__ = ["FAILED_KEY", "SealAgentLoopManager", "TooManyEnvFailures", "failed_mask", "regroup_without_failed", "split_validation_failures"]
+__all__ = [
+    "FAILED_KEY",
+    "SealAgentLoopManager",
+    "TooManyEnvFailures",
+    "failed_mask",
+    "regroup_without_failed",
+    "split_validation_failures",
+]

@@ -73,8 +73,15 @@ def serve_flags(options) -> list[str]:
 class LocalService:
     """A ``python -m env_service serve`` process of this run, on this machine's loopback."""
 
-    def __init__(self, secret_file: str, service_id: str, port: int | None = None, flags: list[str] = (),
-                 log_path: str | os.PathLike | None = None, host: str = LOOPBACK):
+    def __init__(
+        self,
+        secret_file: str,
+        service_id: str,
+        port: int | None = None,
+        flags: list[str] = (),
+        log_path: str | os.PathLike | None = None,
+        host: str = LOOPBACK,
+    ):
         self.host, self.port = host, int(port) if port else free_port(host)
         self.secret_file, self.service_id = secret_file, service_id
         self.flags, self.log_path = list(flags), log_path
@@ -85,8 +92,21 @@ class LocalService:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 120.0) -> LocalService:
-        command = [sys.executable, "-m", "env_service", "serve", "--host", self.host, "--port", str(self.port),
-                   "--secret-file", self.secret_file, "--service-id", self.service_id, *self.flags]
+        command = [
+            sys.executable,
+            "-m",
+            "env_service",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--secret-file",
+            self.secret_file,
+            "--service-id",
+            self.service_id,
+            *self.flags,
+        ]
         log = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
         try:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
@@ -121,11 +141,13 @@ def wait_healthy(url: str, proc: subprocess.Popen, service_id: str, timeout_s: f
     stranger = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            taken = f"; port {url.rsplit(':', 1)[-1]} is taken by another server" if stranger else \
-                " (is the port in use?)"
+            taken = (
+                f"; port {url.rsplit(':', 1)[-1]} is taken by another server" if stranger else " (is the port in use?)"
+            )
             raise ServiceStartError(
                 f"the environment service exited with code {proc.returncode}{taken}: set env_service.port=null "
-                f"(a free port) or free the port; the service log says more")
+                f"(a free port) or free the port; the service log says more"
+            )
         with contextlib.suppress(EnvServiceError):
             answered = client.health().get("service_id")
             if answered == service_id:
@@ -152,9 +174,12 @@ class NodeService:
         self.node_id = ray.get_runtime_context().get_node_id()
         self._dir = tempfile.mkdtemp(prefix="seal-env-")  # 0700: the secret file is private to this user
         self._secret = secret
-        self.service = LocalService(write_secret(Path(self._dir) / "secret", secret),
-                                    f"{service_id}:{self.node_id}", flags=flags,
-                                    log_path=Path(self._dir) / "env_service.log").start()
+        self.service = LocalService(
+            write_secret(Path(self._dir) / "secret", secret),
+            f"{service_id}:{self.node_id}",
+            flags=flags,
+            log_path=Path(self._dir) / "env_service.log",
+        ).start()
 
     def url(self) -> str:
         return self.service.url
@@ -172,8 +197,9 @@ class NodeService:
             (Path(self._dir) / "secret").unlink()
 
 
-def start_node_services(secret: str, service_id: str, flags: list[str] = (),
-                        timeout_s: float = 300.0) -> dict[str, str]:
+def start_node_services(
+    secret: str, service_id: str, flags: list[str] = (), timeout_s: float = 300.0
+) -> dict[str, str]:
     """One ``NodeService`` actor on every alive Ray node (Ray must be initialised); node id -> URL.
 
     The actors are detached: they outlive this driver's connection (the launcher disconnects before
@@ -186,7 +212,8 @@ def start_node_services(secret: str, service_id: str, flags: list[str] = (),
     nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
     actors = {
         node_id: remote.options(
-            name=actor_name(service_id, node_id), namespace=ACTOR_NAMESPACE,
+            name=actor_name(service_id, node_id),
+            namespace=ACTOR_NAMESPACE,
             lifetime="detached",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(secret, service_id, list(flags))
@@ -236,8 +263,10 @@ def _resolve(url, secret_file, service_id, nodes: tuple) -> tuple[str, str | Non
 
     node_id, urls = ray.get_runtime_context().get_node_id(), dict(nodes)
     if node_id not in urls:
-        raise ServiceStartError(f"no environment service runs on Ray node {node_id} (services: {sorted(urls)}); "
-                                "a node joined after the launcher started the services")
+        raise ServiceStartError(
+            f"no environment service runs on Ray node {node_id} (services: {sorted(urls)}); "
+            "a node joined after the launcher started the services"
+        )
     actor = ray.get_actor(actor_name(service_id, node_id), namespace=ACTOR_NAMESPACE)
     return urls[node_id], ray.get(actor.secret.remote())
 
@@ -269,6 +298,19 @@ def profile_client(env, run_id: str | None, **http_options):
     return ProfileFanOut([_NodeProfileClient(_node_actor(env, node_id), run_id) for node_id in nodes])
 
 
-__all__ = ["ACTOR_NAMESPACE", "LocalService", "NodeService", "ServiceStartError", "free_port", "new_secret",
-           "new_service_id", "profile_client", "serve_flags", "service_for_this_node", "start_node_services",
-           "stop_node_services", "wait_healthy", "write_secret"]
+__all__ = [
+    "ACTOR_NAMESPACE",
+    "LocalService",
+    "NodeService",
+    "ServiceStartError",
+    "free_port",
+    "new_secret",
+    "new_service_id",
+    "profile_client",
+    "serve_flags",
+    "service_for_this_node",
+    "start_node_services",
+    "stop_node_services",
+    "wait_healthy",
+    "write_secret",
+]

@@ -52,8 +52,14 @@ def accuracy_bands(runs: Mapping[str, Mapping[int, Mapping]], path: str) -> str 
             acc = [100 * c.accuracy for _, c in points]
             se = [100 * c.stderr if not math.isnan(c.stderr) else 0.0 for _, c in points]
             line = ax.errorbar(steps, acc, yerr=se, marker="o", markersize=3, capsize=2, label=name).lines[0]
-            ax.fill_between(steps, [a - e for a, e in zip(acc, se)], [a + e for a, e in zip(acc, se)],
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(
+                steps,
+                [a - e for a, e in zip(acc, se)],
+                [a + e for a, e in zip(acc, se)],
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+            )
         ax.set_title(column.replace("_", " "))
         ax.set_xlabel("global step")
         if i == 0:
@@ -67,7 +73,7 @@ def accuracy_bands(runs: Mapping[str, Mapping[int, Mapping]], path: str) -> str 
 def _series(metrics: Mapping[int, Mapping[str, float]], prefix: str) -> dict[int, dict[str, float]]:
     out = {}
     for step, data in metrics.items():
-        values = {k[len(prefix):]: float(v) for k, v in data.items() if k.startswith(prefix)}
+        values = {k[len(prefix) :]: float(v) for k, v in data.items() if k.startswith(prefix)}
         if values:
             out[int(step)] = values
     return out
@@ -114,12 +120,25 @@ def apatch_scales(metrics: Mapping[int, Mapping[str, float]], path: str) -> str 
     quantiles = {q: [metrics[s].get(f"{APATCH}/scale/{q}") for s in steps] for q in SCALE_QUANTILES}
     for low, high, alpha in (("min", "max", 0.12), ("p10", "p90", 0.2), ("p25", "p75", 0.3)):
         if all(v is not None for v in quantiles[low] + quantiles[high]):
-            ax.fill_between(steps, quantiles[low], quantiles[high], color="tab:blue", alpha=alpha, linewidth=0,
-                            label=f"{low}–{high}")
+            ax.fill_between(
+                steps,
+                quantiles[low],
+                quantiles[high],
+                color="tab:blue",
+                alpha=alpha,
+                linewidth=0,
+                label=f"{low}–{high}",
+            )
     if all(v is not None for v in quantiles["p50"]):
         ax.plot(steps, quantiles["p50"], color="tab:blue", label="median")
-    ax.plot(steps, [metrics[s][f"{APATCH}/mean_scale"] for s in steps], color="black", marker="o", markersize=3,
-            label="mean")
+    ax.plot(
+        steps,
+        [metrics[s][f"{APATCH}/mean_scale"] for s in steps],
+        color="black",
+        marker="o",
+        markersize=3,
+        label="mean",
+    )
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlabel("global step")
     ax.set_ylabel("advantage scale")
@@ -140,7 +159,7 @@ def run_figures(run_dir: str, out_dir: str | None = None) -> list[str]:
     dumps = {}
     for p in glob.glob(os.path.join(run_dir, "diagnostic_stats", "epoch_*.json")):
         with open(p) as f:
-            dumps[int(os.path.basename(p)[len("epoch_"):-len(".json")])] = json.load(f)
+            dumps[int(os.path.basename(p)[len("epoch_") : -len(".json")])] = json.load(f)
     written = [
         tag_shares(metrics, os.path.join(out_dir, "tag_shares.png")),
         apatch_weights(metrics, os.path.join(out_dir, "apatch_weights.png")),

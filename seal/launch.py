@@ -184,7 +184,6 @@ def _check_lengths(config, problems):
 def _check_prompt_budget(config, problems):
     """Every first prompt of the run (train rows in train mode, the others in validate mode) fits the budget."""
     from env_service.client import EnvServiceError
-
     from seal import prompt_budget
 
     files = [f for key in ("train_files", "val_files") for f in _as_list(config.data[key])]
@@ -286,8 +285,14 @@ def _local_service(config: DictConfig, secret: str):
 
     env = config.env_service
     log_path = Path(config.seal.run_dir) / "env_service.log"
-    service = LocalService(env.secret_file, env.service_id, port=env.port, flags=serve_flags(env.serve),
-                           log_path=log_path, host=str(env.host)).start()
+    service = LocalService(
+        env.secret_file,
+        env.service_id,
+        port=env.port,
+        flags=serve_flags(env.serve),
+        log_path=log_path,
+        host=str(env.host),
+    ).start()
     print(f"[seal] environment service up at {service.url} (pid {service.proc.pid}, log {log_path})")
     # The clients of this process and of the local Ray cluster it starts (which inherits the environment)
     # default to $SEAL_ENV_SECRET; env_service.secret_file also names it, for processes started elsewhere.
@@ -401,8 +406,10 @@ def _print_memory_estimate(config: DictConfig) -> None:
 
     found = estimate(config)
     if found is None:
-        print(f"[seal] memory per GPU: not estimated ({config.actor_rollout_ref.model.path!r} has no local "
-              "config.json and is not in seal/memory_estimate.py's known-size table)")
+        print(
+            f"[seal] memory per GPU: not estimated ({config.actor_rollout_ref.model.path!r} has no local "
+            "config.json and is not in seal/memory_estimate.py's known-size table)"
+        )
         return
     for line in found.lines():
         print(f"[seal] {line}")

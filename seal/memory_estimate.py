@@ -33,20 +33,44 @@ ASSUMED_GPU_GIB = 80.0
 #: config.json fields of the recipes' hub models, for estimates where the hub cannot be read (offline, dry-run).
 KNOWN_SHAPES = {
     "Qwen/Qwen2.5-0.5B-Instruct": {
-        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-        "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
     },
     "Qwen/Qwen2.5-3B-Instruct": {
-        "model_type": "qwen2", "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
-        "num_key_value_heads": 2, "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True,
+        "model_type": "qwen2",
+        "hidden_size": 2048,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "intermediate_size": 11008,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
     },
     "Qwen/Qwen2.5-7B-Instruct": {
-        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False,
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
     },
     "Team-ACE/ToolACE-2-Llama-3.1-8B": {
-        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False,
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
     },
 }
 
@@ -66,7 +90,7 @@ class ModelShape:
     qkv_bias: bool
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "ModelShape":
+    def from_config(cls, cfg: dict) -> ModelShape:
         heads = int(cfg["num_attention_heads"])
         return cls(
             hidden=int(cfg["hidden_size"]),
@@ -209,13 +233,29 @@ def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
     running = min(per_replica, int(rollout.max_num_seqs))
     max_model_len = int(rollout.max_model_len or int(rollout.prompt_length) + int(rollout.response_length))
     return MemoryEstimate(
-        model=str(aro.model.path), source=source, parameters=params, gpus=gpus, gpu_bytes=gpu_bytes,
-        gpu_assumed=gpu_assumed, actor_bytes=on_gpu, actor_host_bytes=2 * weights + optimizer - on_gpu,
-        actor_dtype=actor_dtype, ref_bytes=0 if ref_cfg.param_offload else ref_shard, ref_host_bytes=ref_shard,
-        ref_offload=bool(ref_cfg.param_offload), vllm_share_bytes=share, vllm_weight_bytes=vllm_weights,
-        kv_cache_bytes=kv_bytes, kv_tokens=kv_tokens, replicas=replicas, tensor_parallel=tp,
-        running_sequences=running, sequences_per_replica=per_replica, context_tokens=running * max_model_len,
-        max_model_len=max_model_len, busiest_phase=phase,
+        model=str(aro.model.path),
+        source=source,
+        parameters=params,
+        gpus=gpus,
+        gpu_bytes=gpu_bytes,
+        gpu_assumed=gpu_assumed,
+        actor_bytes=on_gpu,
+        actor_host_bytes=2 * weights + optimizer - on_gpu,
+        actor_dtype=actor_dtype,
+        ref_bytes=0 if ref_cfg.param_offload else ref_shard,
+        ref_host_bytes=ref_shard,
+        ref_offload=bool(ref_cfg.param_offload),
+        vllm_share_bytes=share,
+        vllm_weight_bytes=vllm_weights,
+        kv_cache_bytes=kv_bytes,
+        kv_tokens=kv_tokens,
+        replicas=replicas,
+        tensor_parallel=tp,
+        running_sequences=running,
+        sequences_per_replica=per_replica,
+        context_tokens=running * max_model_len,
+        max_model_len=max_model_len,
+        busiest_phase=phase,
     )
 
 

@@ -39,5 +39,9 @@ ABLATION: dict[str, dict[str, float | None]] = {
     "wo_reweighting": _row(32.75, None, None, None, None),
     "wo_closed_loop": _row(33.00, None, None, None, None),
 }
-ABLATION_NAMES = {"SEAL": "full SEAL", "wo_env_adaptation": "w/o environment adaptation",
-                  "wo_reweighting": "w/o reweighting", "wo_closed_loop": "w/o closed loop"}
+ABLATION_NAMES = {
+    "SEAL": "full SEAL",
+    "wo_env_adaptation": "w/o environment adaptation",
+    "wo_reweighting": "w/o reweighting",
+    "wo_closed_loop": "w/o closed loop",
+}

@@ -43,9 +43,13 @@ class LongestPrompt:
     exact: bool  # counted with the model's own tokenizer and chat template
 
     def describe(self) -> str:
-        how = "" if self.exact else (
-            f" ({self.tokens} counted with the offline Qwen2.5 stand-in tokenizer, model.path is not a local "
-            f"directory, + {STAND_IN_MARGIN:.0%} + {TEMPLATE_ALLOWANCE} tokens margin)"
+        how = (
+            ""
+            if self.exact
+            else (
+                f" ({self.tokens} counted with the offline Qwen2.5 stand-in tokenizer, model.path is not a local "
+                f"directory, + {STAND_IN_MARGIN:.0%} + {TEMPLATE_ALLOWANCE} tokens margin)"
+            )
         )
         return f"{self.task_id} in {self.mode} mode needs {self.required} tokens{how}"
 

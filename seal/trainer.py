@@ -28,15 +28,14 @@ import uuid
 
 import numpy as np
 from omegaconf import OmegaConf
-
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from env_service.files import atomic_write_json
+from seal.agent_loop import env_client
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats
 from seal.env_failures import regroup_without_failed, split_validation_failures
-from seal.agent_loop import env_client
 from seal.env_services import profile_client
 from seal.figures import run_figures
 from seal.validation import BestCheckpoint, category_average, validation_table
@@ -122,8 +121,11 @@ class SealTrainer(RayPPOTrainer):
         profile = self.state.failure_profile(per_category=bool(env.bfcl.capability_cues.per_category))
         try:  # to every node's service when the launcher runs one per node, else through the cached client
             nodes = env.get("nodes")
-            client = profile_client(env, env.get("run_id"), timeout_s=float(env.timeout_s), retries=int(env.retries)) \
-                if nodes else env_client(env)
+            client = (
+                profile_client(env, env.get("run_id"), timeout_s=float(env.timeout_s), retries=int(env.retries))
+                if nodes
+                else env_client(env)
+            )
             client.set_profile(profile)
         except Exception as exc:  # cues are an interface aid: a failed push must not stop training
             logger.warning("could not push the failure profile to the environment service: %s", exc)
@@ -145,7 +147,10 @@ class SealTrainer(RayPPOTrainer):
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns):
         """verl's per-data-source metrics over the episodes the environment could run; failures reported apart."""
         kept, failures = split_validation_failures(
-            data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+            data_sources,
+            sample_uids,
+            reward_extra_infos_dict,
+            sample_turns,
             float(self.config.seal.validation.max_env_failure_share),
         )
         return {**super()._val_metrics_update(*kept), **failures}
@@ -222,7 +227,9 @@ def rollout_metrics(trajectories: list[dict]) -> dict:
     n = max(len(trajectories), 1)
     metrics = {
         "seal/rollout/failed_episodes": sum(t["failed"] for t in trajectories),
-        "seal/rollout/model_calls_mean": float(np.mean([t["model_calls"] for t in trajectories])) if trajectories else 0.0,
+        "seal/rollout/model_calls_mean": float(np.mean([t["model_calls"] for t in trajectories]))
+        if trajectories
+        else 0.0,
         "seal/rollout/reward_mean": float(np.mean([t["reward"] for t in trajectories])) if trajectories else 0.0,
         # episodes longer than rollout.response_length: their tail is cut from the loss (raise it if this grows)
         "seal/rollout/response_truncated": sum(t["response_truncated"] for t in trajectories) / n,
@@ -254,13 +261,27 @@ def make_task_runner():
             self.add_reward_model_resource_pool(config)
             self.add_teacher_model_resource_pool(config)
             self.add_ref_policy_worker(config, actor_rollout_cls)
-            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+            validate_config(
+                config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+            )
             model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
             tokenizer, processor = model_config.tokenizer, model_config.processor
-            train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True,
-                                              max_samples=config.data.get("train_max_samples", -1))
-            val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
-                                            max_samples=config.data.get("val_max_samples", -1))
+            train_dataset = create_rl_dataset(
+                config.data.train_files,
+                config.data,
+                tokenizer,
+                processor,
+                is_train=True,
+                max_samples=config.data.get("train_max_samples", -1),
+            )
+            val_dataset = create_rl_dataset(
+                config.data.val_files,
+                config.data,
+                tokenizer,
+                processor,
+                is_train=False,
+                max_samples=config.data.get("val_max_samples", -1),
+            )
             trainer = SealTrainer(
                 config=config,
                 tokenizer=tokenizer,
@@ -277,4 +298,3 @@ def make_task_runner():
             trainer.fit()
 
     return ray.remote(num_cpus=1)(SealTaskRunner)
-

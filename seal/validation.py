@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from env_service.files import atomic_write_json
-from env_service.vocabulary import CATEGORY_NAMES, short_category
+from env_service.vocabulary import CATEGORY_NAMES
 
 AVERAGE_KEY = "val-core/average/reward/mean@1"
 

@@ -19,7 +19,7 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from env_service.client import EnvServiceError  # noqa: E402
-from seal.agent_loop import BfclAgentLoop, TRUNCATION_MARKER  # noqa: E402
+from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop  # noqa: E402
 from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
 
@@ -124,7 +124,11 @@ def test_environment_and_template_tokens_are_never_trained(rollout, tokenizer):
     for segment in masked_segments(out.response_ids, out.response_mask, 0):
         text = tokenizer.decode(segment)
         # every untrained stretch is chat-template framing and/or an environment message, never model text
-        assert text.startswith("<|im_end|>") or text.startswith("\n<|im_start|>user") or text.startswith("<|im_start|>user")
+        assert (
+            text.startswith("<|im_end|>")
+            or text.startswith("\n<|im_start|>user")
+            or text.startswith("<|im_start|>user")
+        )
 
 
 def test_environment_messages_appear_as_user_turns(rollout, tokenizer):
@@ -247,8 +251,12 @@ def test_failing_environment_gives_a_failed_episode_kept_out_of_the_loss(tiny_di
         calls.append(args)
         raise EnvServiceError(503, "service unavailable", "http_error")
 
-    out = run_episode(config, tokenizer, RecordingServer(None),
-                      prepare=lambda loop: monkeypatch.setattr(loop.env, "create", broken_create))
+    out = run_episode(
+        config,
+        tokenizer,
+        RecordingServer(None),
+        prepare=lambda loop: monkeypatch.setattr(loop.env, "create", broken_create),
+    )
     assert len(calls) == 2  # first try + one retry, then give up
     assert out.extra_fields["seal_failed"] is True and "service unavailable" in out.extra_fields["seal_error"]
     assert sum(out.response_mask) == 0 and out.reward_score == 0.0

@@ -18,12 +18,28 @@ REPO = Path(__file__).resolve().parents[1]
 def test_benchmark_quick_runs(tmp_path):
     out = tmp_path / "figures.json"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "benchmarks/env_service.py", "--quick", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/env_service.py", "--quick", "--json", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    for needle in ("in-process", "HTTP, concurrency 1", "HTTP, concurrency 32", "bare bfcl multi_turn_checker",
-                   "HTTP@32, --workers 1", "HTTP@32, --workers 2", "--workers 2 / --workers 1",
-                   "HTTP@32 / in-process", "in-process / bare checker", "hostile neighbour", "RSS ratio"):
+    for needle in (
+        "in-process",
+        "HTTP, concurrency 1",
+        "HTTP, concurrency 32",
+        "bare bfcl multi_turn_checker",
+        "HTTP@32, --workers 1",
+        "HTTP@32, --workers 2",
+        "--workers 2 / --workers 1",
+        "HTTP@32 / in-process",
+        "in-process / bare checker",
+        "hostile neighbour",
+        "RSS ratio",
+    ):
         assert needle in proc.stdout
     figures = json.loads(out.read_text())
     assert figures["tasks"] == 16

@@ -15,8 +15,15 @@ from seal.validation import AVERAGE_KEY, BestCheckpoint
 
 
 def make_config(root: Path, **checkpoint):
-    ckpt = {"save_best": True, "best_metric": AVERAGE_KEY, "best_mode": "max", "keep_only_best": True,
-            "export_hf": False, "best_at_step0": False, **checkpoint}
+    ckpt = {
+        "save_best": True,
+        "best_metric": AVERAGE_KEY,
+        "best_mode": "max",
+        "keep_only_best": True,
+        "export_hf": False,
+        "best_at_step0": False,
+        **checkpoint,
+    }
     return OmegaConf.create({"seal": {"checkpoint": ckpt}, "trainer": {"default_local_dir": str(root)}})
 
 

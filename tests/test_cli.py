@@ -30,8 +30,9 @@ OBS_LITE = {"observation_lite": {"enable": True}}
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "env_service", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "env_service", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def gt_record(task_id: str) -> dict:
@@ -71,11 +72,14 @@ def test_prompt_subprocess_entry_point():
     assert json.loads(proc.stdout) == {"messages": expected}
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["prompt", "multi_turn_base_999", "--mode", "train"], "unknown task_id"),
-    (["prompt", "multi_turn_base_0", "--mode", "train", "--config", '{"bogus": 1}'], "bogus"),
-    (["prompt", "multi_turn_base_0", "--mode", "train", "--config", "{not json"], "neither a file nor valid JSON"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["prompt", "multi_turn_base_999", "--mode", "train"], "unknown task_id"),
+        (["prompt", "multi_turn_base_0", "--mode", "train", "--config", '{"bogus": 1}'], "bogus"),
+        (["prompt", "multi_turn_base_0", "--mode", "train", "--config", "{not json"], "neither a file nor valid JSON"),
+    ],
+)
 def test_prompt_bad_input_exits_2(capsys, args, needle):
     assert main(args) == 2
     assert needle in capsys.readouterr().err
@@ -118,13 +122,16 @@ def test_score_writes_stdout_by_default(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["valid"] is True
 
 
-@pytest.mark.parametrize("bad_line,needle", [
-    ("{not json", "invalid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"id": "multi_turn_base_0"}', '"turns"'),
-    ('{"id": "multi_turn_nope_1", "turns": []}', "unknown task id"),
-    ('{"id": "multi_turn_base_0", "turns": [[{"name": 1}]]}', "turn 0 call 0"),
-])
+@pytest.mark.parametrize(
+    "bad_line,needle",
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"id": "multi_turn_base_0"}', '"turns"'),
+        ('{"id": "multi_turn_nope_1", "turns": []}', "unknown task id"),
+        ('{"id": "multi_turn_base_0", "turns": [[{"name": 1}]]}', "turn 0 call 0"),
+    ],
+)
 def test_score_bad_line_names_line_number_and_exits_2(tmp_path, capsys, bad_line, needle):
     source = tmp_path / "in.jsonl"
     out = tmp_path / "out.jsonl"
@@ -138,8 +145,9 @@ def test_score_bad_line_names_line_number_and_exits_2(tmp_path, capsys, bad_line
 def test_score_reports_every_bad_line_including_one_nested_too_deeply(tmp_path, capsys):
     source = tmp_path / "in.jsonl"
     deep = "[" * 100_000 + "]" * 100_000
-    source.write_text("\n".join([json.dumps(gt_record("multi_turn_base_0")), deep, "{not json",
-                                 '{"id": "multi_turn_base_0"}']) + "\n")
+    source.write_text(
+        "\n".join([json.dumps(gt_record("multi_turn_base_0")), deep, "{not json", '{"id": "multi_turn_base_0"}']) + "\n"
+    )
     assert main(["score", "--input", str(source)]) == 2
     err = capsys.readouterr().err
     assert f"{source}:2: JSON nested too deeply" in err and f"{source}:3" in err and f"{source}:4" in err, err
@@ -151,8 +159,12 @@ def test_score_refuses_to_overwrite_its_input(tmp_path, capsys, alias):
     source = tmp_path / "in.jsonl"
     text = json.dumps(gt_record("multi_turn_base_0")) + "\n"
     source.write_text(text)
-    output = {"same": source, "symlink": tmp_path / "link.jsonl", "hardlink": tmp_path / "hard.jsonl",
-              "dotted": tmp_path / "." / "in.jsonl"}[alias]
+    output = {
+        "same": source,
+        "symlink": tmp_path / "link.jsonl",
+        "hardlink": tmp_path / "hard.jsonl",
+        "dotted": tmp_path / "." / "in.jsonl",
+    }[alias]
     if alias == "symlink":
         output.symlink_to(source)
     if alias == "hardlink":
@@ -201,8 +213,13 @@ def test_replay_heldout_subset_in_process(capsys, tmp_path):
     for category in tasks.CATEGORIES:
         assert category in out
     data = json.loads(report.read_text())
-    assert data["summary"]["total"] == {"tasks": 8, "passed": 8, "expected_failures": 0,
-                                        "unexpected_failures": 0, "errors": 0}
+    assert data["summary"]["total"] == {
+        "tasks": 8,
+        "passed": 8,
+        "expected_failures": 0,
+        "unexpected_failures": 0,
+        "errors": 0,
+    }
 
 
 def test_replay_expected_unsolvable_task_does_not_fail(capsys):
@@ -213,8 +230,24 @@ def test_replay_expected_unsolvable_task_does_not_fail(capsys):
 
 def test_replay_over_http_train_mode(capsys):
     with ServerThread() as server:
-        code = main(["replay", "--split", "train", "--limit", "8", "--concurrency", "4", "--url", server.url,
-                     "--mode", "train", "--config", json.dumps(OBS_LITE), "--no-progress"])
+        code = main(
+            [
+                "replay",
+                "--split",
+                "train",
+                "--limit",
+                "8",
+                "--concurrency",
+                "4",
+                "--url",
+                server.url,
+                "--mode",
+                "train",
+                "--config",
+                json.dumps(OBS_LITE),
+                "--no-progress",
+            ]
+        )
         assert code == 0
         assert server.manager.stats()["live"] == 0  # every episode released
     assert "total               8       8" in capsys.readouterr().out
@@ -278,9 +311,14 @@ def test_serve_answers_health_then_terminates():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "env_service", "serve", "--port", str(port),
-                             "--log-level", "warning"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "env_service", "serve", "--port", str(port), "--log-level", "warning"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -292,8 +330,9 @@ def test_serve_answers_health_then_terminates():
                 assert time.monotonic() < deadline, "service did not come up"
                 time.sleep(0.2)
         assert health["status"] == "ok" and health["live"] == 0
-        created = requests.post(f"http://127.0.0.1:{port}/create", timeout=10,
-                                json={"task_id": "multi_turn_base_0", "mode": "validate"}).json()
+        created = requests.post(
+            f"http://127.0.0.1:{port}/create", timeout=10, json={"task_id": "multi_turn_base_0", "mode": "validate"}
+        ).json()
         assert created["messages"][0]["role"] == "system"
     finally:
         proc.terminate()

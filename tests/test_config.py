@@ -97,7 +97,9 @@ def test_categories_forms_and_replace():
 
 
 def test_reward_block_is_the_verifiers_reward_config():
-    reward = RewardConfig.from_dict({"mode": "capped", "partial_credit_cap": 0.0, "irrelevance_weight": 1}, path="reward")
+    reward = RewardConfig.from_dict(
+        {"mode": "capped", "partial_credit_cap": 0.0, "irrelevance_weight": 1}, path="reward"
+    )
     assert (reward.mode, reward.partial_credit_cap, reward.irrelevance_weight) == ("capped", 0.0, 1.0)
     assert EnvConfig().reward == RewardConfig()
     with pytest.raises(ValueError, match="'cap_decay'"):  # an epoch-dependent cap nothing could set is gone

@@ -103,7 +103,6 @@ def run_driver(workdir: Path) -> None:
     config = _compose(model_dir, _write_data(workdir), reward, workdir / "ckpt")
 
     import ray
-
     from verl.trainer import main_ppo_v0
     from verl.trainer.main_ppo import run_ppo
 
@@ -134,15 +133,23 @@ def test_ray_ppo_trainer_runs_on_cpu(tmp_path):
     print(f"smoke driver: rc={proc.returncode} in {elapsed:.1f}s")
     text = log.read_text()
     assert proc.returncode == 0, text[-6000:]
-    assert "'enable_gradient_checkpointing': True" in text and "'param_offload': True" in text  # the savers reached verl
+    assert (
+        "'enable_gradient_checkpointing': True" in text and "'param_offload': True" in text
+    )  # the savers reached verl
 
     steps = _read_metrics(tmp_path / "metrics.jsonl")
     val = {k: v for k, v in steps.get(0, {}).items() if k.startswith("val-core/")}
     assert "val-core/toy/acc/mean@1" in val, sorted(steps.get(0, {}))
     for step in (1, 2):
         train = steps[step]
-        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/step",
-                    "timing_s/ref"):  # the offloaded reference computed its log-probs
+        for key in (
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "critic/score/mean",
+            "response_length/mean",
+            "timing_s/step",
+            "timing_s/ref",
+        ):  # the offloaded reference computed its log-probs
             assert key in train, (step, key)
         assert train["actor/grad_norm"] > 0, (step, train["actor/grad_norm"])  # the checkpointed backward ran
         # The rollout server's log-probs equal the trainer's own forward pass, so its weights are the
@@ -153,6 +160,7 @@ def test_ray_ppo_trainer_runs_on_cpu(tmp_path):
     ckpt = tmp_path / "ckpt"
     assert (ckpt / "global_step_1" / "actor").is_dir() and (ckpt / "global_step_2" / "actor").is_dir()
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+
 
 if __name__ == "__main__":
     run_driver(Path(sys.argv[1]))

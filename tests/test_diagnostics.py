@@ -172,8 +172,9 @@ def test_bad_vocabulary():
 
 
 def test_plot_over_steps_png(tmp_path):
-    history = [(step, {"pass": 1.0, "spurious_tool_call": 2.0 - 0.1 * step, "new": 1.0 + 0.05 * step})
-               for step in range(1, 6)]
+    history = [
+        (step, {"pass": 1.0, "spurious_tool_call": 2.0 - 0.1 * step, "new": 1.0 + 0.05 * step}) for step in range(1, 6)
+    ]
     path = plot_over_steps(history, str(tmp_path / "plots" / "w.png"))
     with open(path, "rb") as f:
         head = f.read(8)

@@ -32,14 +32,16 @@ def server():
         yield srv
 
 
-ENDPOINTS = [("post", "/create", {"task_id": TASK, "mode": "validate"}),
-             ("post", "/step", {"instance_id": "x", "content": "hi"}),
-             ("post", "/evaluate", {"instance_id": "x"}),
-             ("post", "/release", {"instance_id": "x"}),
-             ("post", "/profile", {"profile": CUE_PROFILE}),
-             ("get", "/profile", None),
-             ("get", "/openapi.json", None),
-             ("get", "/docs", None)]
+ENDPOINTS = [
+    ("post", "/create", {"task_id": TASK, "mode": "validate"}),
+    ("post", "/step", {"instance_id": "x", "content": "hi"}),
+    ("post", "/evaluate", {"instance_id": "x"}),
+    ("post", "/release", {"instance_id": "x"}),
+    ("post", "/profile", {"profile": CUE_PROFILE}),
+    ("get", "/profile", None),
+    ("get", "/openapi.json", None),
+    ("get", "/docs", None),
+]
 
 
 @pytest.mark.parametrize("method,path,body", ENDPOINTS, ids=[f"{m}{p}" for m, p, _ in ENDPOINTS])
@@ -73,8 +75,9 @@ def test_profiles_belong_to_the_run_that_pushed_them(server):
     version = run_a.set_profile(CUE_PROFILE)["version"]
     assert run_a.get_profile()["profile"] == CUE_PROFILE and run_a.get_profile()["version"] == version
     assert run_b.get_profile()["profile"] is None and anonymous.get_profile()["profile"] is None
-    episodes = {name: c.create(TASK, "train", CUE_PARAMS) for name, c in
-                [("a", run_a), ("b", run_b), ("anonymous", anonymous)]}
+    episodes = {
+        name: c.create(TASK, "train", CUE_PARAMS) for name, c in [("a", run_a), ("b", run_b), ("anonymous", anonymous)]
+    }
     assert CUES in episodes["a"]["messages"][0]["content"] and episodes["a"]["info"]["profile_version"] == version
     for other in ("b", "anonymous"):
         assert CUES not in episodes[other]["messages"][0]["content"]
@@ -94,8 +97,9 @@ def test_in_process_client_keeps_profiles_per_run_too():
 
 
 def test_bad_run_id_is_refused(server):
-    response = requests.get(server.url + "/profile", timeout=10,
-                            headers={"Authorization": f"Bearer {SECRET}", "X-Seal-Run-Id": "x" * 500})
+    response = requests.get(
+        server.url + "/profile", timeout=10, headers={"Authorization": f"Bearer {SECRET}", "X-Seal-Run-Id": "x" * 500}
+    )
     assert response.status_code == 400 and "run id" in response.json()["detail"]
 
 
@@ -145,16 +149,40 @@ def _free_port() -> int:
 
 def test_serve_cli_refuses_a_public_address_without_a_secret_and_enforces_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SEAL_ENV_SECRET"}
-    refused = subprocess.run([sys.executable, "-m", "env_service", "serve", "--host", "0.0.0.0"], cwd=REPO,
-                             env=env, capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "env_service", "serve", "--host", "0.0.0.0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 2 and "secret" in refused.stderr and "Traceback" not in refused.stderr
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET)
     secret_file.chmod(0o600)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "env_service", "serve", "--host", "0.0.0.0", "--port", str(port),
-                             "--secret-file", str(secret_file), "--log-level", "warning"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "env_service",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--secret-file",
+            str(secret_file),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

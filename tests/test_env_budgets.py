@@ -29,16 +29,23 @@ from env_service.config import ServiceLimits
 from env_service.manager import EpisodeManager
 from env_service.service import ServerThread
 
-LIMITS = ServiceLimits(call_budget_s=0.5, message_budget_s=1.0, evaluate_budget_s=2.0, worker_grace_s=2.0,
-                       max_calls_per_message=40, max_steps=40)
+LIMITS = ServiceLimits(
+    call_budget_s=0.5,
+    message_budget_s=1.0,
+    evaluate_budget_s=2.0,
+    worker_grace_s=2.0,
+    max_calls_per_message=40,
+    max_steps=40,
+)
 SLACK_S = 4.0  # scheduling noise on a shared 2-core machine
 FS_TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI
 
 
 def _benchmark_module():
     """``benchmarks/env_service.py``, home of the exploit's message builder (the benchmark replays it too)."""
-    spec = importlib.util.spec_from_file_location("benchmark_env_service",
-                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "env_service.py")
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_env_service", Path(__file__).resolve().parents[1] / "benchmarks" / "env_service.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -100,17 +107,24 @@ def test_aliasing_traversal_costs_its_budget_and_spares_other_episodes(service, 
     assert evaluation["valid"] is False and evaluation["tags"][0] == "budget_exceeded"
 
 
-@pytest.mark.parametrize("name,arguments", [
-    ("round_number", {"number": 5, "decimal_places": -10**9}),
-    ("logarithm", {"value": 10, "base": 2, "precision": "100000000"}),
-    ("logarithm", {"value": 10, "base": 2, "precision": 10**9}),
-    ("square_root", {"number": 2, "precision": 10**9}),
-    ("power", {"base": 10**4000, "exponent": 10000}),
-    ("power", {"base": 10, "exponent": 10**9}),
-])
+@pytest.mark.parametrize(
+    "name,arguments",
+    [
+        ("round_number", {"number": 5, "decimal_places": -(10**9)}),
+        ("logarithm", {"value": 10, "base": 2, "precision": "100000000"}),
+        ("logarithm", {"value": 10, "base": 2, "precision": 10**9}),
+        ("square_root", {"number": 2, "precision": 10**9}),
+        ("power", {"base": 10**4000, "exponent": 10000}),
+        ("power", {"base": 10, "exponent": 10**9}),
+    ],
+)
 def test_math_blowups_are_refused_at_once(client, name, arguments):
-    math_task = next(t for t in tasks.task_ids("all") if "MathAPI" in tasks.load_task(t).involved_classes
-                     and name in {d["name"] for d in tasks.load_task(t).functions})
+    math_task = next(
+        t
+        for t in tasks.task_ids("all")
+        if "MathAPI" in tasks.load_task(t).involved_classes
+        and name in {d["name"] for d in tasks.load_task(t).functions}
+    )
     iid = client.create(math_task, "validate")["instance_id"]
     result, seconds = timed_step(client, iid, call(name, **arguments))
     assert "this environment's limit" in result["message"]["content"]

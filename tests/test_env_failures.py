@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from verl import DataProto
 
 from seal.env_failures import FAILED_KEY, TooManyEnvFailures, regroup_without_failed, split_validation_failures
@@ -18,8 +17,11 @@ def make_batch(rewards, uids, failed, length=3):
     scores = torch.zeros(len(rewards), length)
     scores[:, -1] = torch.tensor(rewards, dtype=torch.float32)
     return DataProto.from_dict(
-        tensors={"token_level_rewards": scores, "response_mask": torch.ones(len(rewards), length),
-                 "advantages": torch.full((len(rewards), length), 99.0)},
+        tensors={
+            "token_level_rewards": scores,
+            "response_mask": torch.ones(len(rewards), length),
+            "advantages": torch.full((len(rewards), length), 99.0),
+        },
         non_tensors={"uid": np.array(uids, dtype=object), "seal_failed": np.array(failed, dtype=object)},
     )
 
@@ -67,7 +69,8 @@ def validation_inputs(failed_flags):
 def test_validation_drops_failed_samples_and_reports_them_apart():
     sources, uids, infos, turns = validation_inputs([0, 1, 0, 0])
     (kept_sources, kept_uids, kept_infos, kept_turns), metrics = split_validation_failures(
-        sources, uids, infos, turns, max_share=0.5)
+        sources, uids, infos, turns, max_share=0.5
+    )
     assert list(kept_uids) == ["u0", "u2", "u3"]
     assert list(kept_sources) == ["multi_turn_base", "multi_turn_base", "multi_turn_miss_func"]
     assert FAILED_KEY not in kept_infos and kept_infos["reward"] == [0.0, 0.0, 0.0]
@@ -82,11 +85,14 @@ def test_too_many_environment_failures_stop_the_run():
         split_validation_failures(sources, uids, infos, turns, max_share=0.25)
 
 
-@pytest.mark.parametrize("failed, validate, kept", [
-    ([True, True], False, False),   # nothing to train on: verl's rollout correction would refuse the batch
-    ([True, False], False, True),   # one trained episode is enough
-    ([True, True], True, True),     # validation computes no rollout correction
-])
+@pytest.mark.parametrize(
+    "failed, validate, kept",
+    [
+        ([True, True], False, False),  # nothing to train on: verl's rollout correction would refuse the batch
+        ([True, False], False, True),  # one trained episode is enough
+        ([True, True], True, True),  # validation computes no rollout correction
+    ],
+)
 def test_a_step_where_every_episode_failed_still_runs(monkeypatch, failed, validate, kept):
     from verl.experimental.agent_loop import AgentLoopManager
 

@@ -102,8 +102,11 @@ def test_a_64_mb_header_does_not_stall_an_innocent_episode(server):
         latencies.append(time.monotonic() - begun)
     thread.join()
     client.release(instance_id)
-    assert b"431" in outcome["response"] or b"Connection reset" in outcome["response"] \
-        or b"Broken pipe" in outcome["response"], outcome["response"][:200]
+    assert (
+        b"431" in outcome["response"]
+        or b"Connection reset" in outcome["response"]
+        or b"Broken pipe" in outcome["response"]
+    ), outcome["response"][:200]
     # Unbounded, the server buffered and parsed all 64 MB on its event loop (~9 s, requests stalled ~3.5 s).
     assert outcome["seconds"] < 3.0, outcome
     assert max(latencies) < 1.0, latencies
@@ -128,8 +131,10 @@ def test_a_silent_connection_is_closed(server):
 
 def test_a_body_that_never_finishes_is_dropped(server):
     with connect(server) as sock:
-        sock.sendall(b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"instance_id\": ")
+        sock.sendall(
+            b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"instance_id": '
+        )
         started = time.monotonic()
         read_response(sock)  # returns once the server closes
     assert time.monotonic() - started < READ_TIMEOUT_S + 5

@@ -17,8 +17,9 @@ from env_service.config import ServiceLimits
 from env_service.manager import EpisodeManager
 from env_service.service import ServerThread
 
-LIMITS = ServiceLimits(max_steps=6, max_calls_per_message=5, max_state_bytes=200_000, max_episodes=6,
-                       max_episodes_per_owner=3)
+LIMITS = ServiceLimits(
+    max_steps=6, max_calls_per_message=5, max_state_bytes=200_000, max_episodes=6, max_episodes_per_owner=3
+)
 FS_TASK = "multi_turn_base_0"
 BAD_CALL = "<tool_call>{not json}</tool_call>"
 
@@ -64,8 +65,10 @@ def test_too_many_calls_in_one_message_run_none(client):
 
 def test_state_limit_refuses_further_tool_calls(client):
     iid = client.create(FS_TASK, "validate")["instance_id"]
-    grow = "".join(call("touch", file_name=f"f{i}.txt") + call("echo", content="y" * 60_000, file_name=f"f{i}.txt")
-                   for i in range(2))
+    grow = "".join(
+        call("touch", file_name=f"f{i}.txt") + call("echo", content="y" * 60_000, file_name=f"f{i}.txt")
+        for i in range(2)
+    )
     assert "exceeds its limit" not in client.step(iid, grow)["message"]["content"]  # ~120 KB: within
     over = client.step(iid, grow.replace("f0", "f2").replace("f1", "f3"))  # ~240 KB: past the limit
     assert f"state exceeds its limit of {LIMITS.max_state_bytes} bytes" in over["message"]["content"]
@@ -111,10 +114,13 @@ def test_idle_reclaim_is_not_postponed_by_refused_requests():
     with ServerThread(manager) as server, EnvClient(server.url, retries=0, timeout_s=30) as client:
         iid = client.create(FS_TASK, "validate")["instance_id"]
         clock.now += 500
-        for body in ({"instance_id": iid, "content": "hi", "seq": 7},  # 409: wrong seq
-                     {"instance_id": iid, "content": "\ud800"}):  # 422: not valid Unicode
-            response = requests.post(server.url + "/step", data=json.dumps(body),
-                                     headers={"Content-Type": "application/json"}, timeout=30)
+        for body in (
+            {"instance_id": iid, "content": "hi", "seq": 7},  # 409: wrong seq
+            {"instance_id": iid, "content": "\ud800"},
+        ):  # 422: not valid Unicode
+            response = requests.post(
+                server.url + "/step", data=json.dumps(body), headers={"Content-Type": "application/json"}, timeout=30
+            )
             assert response.status_code in (409, 422), response.text
         clock.now += 200  # 700 s after the last accepted request
         assert manager.reclaim_idle() == 1

@@ -87,17 +87,26 @@ def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
     ray = cluster
     address = ray.get_runtime_context().gcs_address
     ray.shutdown()  # the launcher connects (and disconnects) itself
-    config = compose_recipe(str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml"),
-                            [f"seal.run_dir={tmp_path}", "trainer.nnodes=2", "env_service.serve.workers=0",
-                             f"+ray_kwargs.ray_init.address={address}"])
+    config = compose_recipe(
+        str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml"),
+        [
+            f"seal.run_dir={tmp_path}",
+            "trainer.nnodes=2",
+            "env_service.serve.workers=0",
+            f"+ray_kwargs.ray_init.address={address}",
+        ],
+    )
     try:
         with environment_service(config) as url:
             nodes = dict(config.env_service.nodes)
             assert len(nodes) == 2 and url in nodes.values()
             secret = Path(config.env_service.secret_file).read_text()
             for node_url in nodes.values():
-                assert EnvClient(node_url, secret=secret, retries=0).health()["service_id"].startswith(
-                    config.env_service.service_id)
+                assert (
+                    EnvClient(node_url, secret=secret, retries=0)
+                    .health()["service_id"]
+                    .startswith(config.env_service.service_id)
+                )
         assert not ray.is_initialized()
         for node_url in nodes.values():  # stopped with the run
             with pytest.raises(requests.ConnectionError):

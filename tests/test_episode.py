@@ -10,6 +10,9 @@ import re
 import uuid
 
 import pytest
+from bfcl_eval.constants import default_prompts as bfcl_prompts  # noqa: E402  (after _bfcl)
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
+from bfcl_eval.utils import _func_doc_language_specific_pre_processing  # noqa: E402
 
 from env_service import _bfcl  # sets BFCL_PROJECT_ROOT before any bfcl import below
 from env_service.calls import parse_call_string
@@ -25,10 +28,6 @@ from env_service.replay import (
     trace_ground_truth,
 )
 from env_service.tasks import all_task_ids, load_task
-
-from bfcl_eval.constants import default_prompts as bfcl_prompts  # noqa: E402  (after _bfcl)
-from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
-from bfcl_eval.utils import _func_doc_language_specific_pre_processing  # noqa: E402
 
 COMPLETED = "[CONVERSATION_COMPLETED]"
 
@@ -83,9 +82,7 @@ def test_toolace_prompt_is_bfcl_default_prompting_prompt(base0):
             param_types=bfcl_prompts.PARAM_TYPE_MAPPING["python"],
         ),
         multiturn_behavior=style["multiturn_behavior"],
-        available_tools=style["available_tools"].format(
-            format="json", functions=json.dumps(base0.functions, indent=4)
-        ),
+        available_tools=style["available_tools"].format(format="json", functions=json.dumps(base0.functions, indent=4)),
     )
     episode = Episode(base0, "validate", train(tool_prompt_mode="toolace_llama"))
     assert episode.initial_messages()[0]["content"] == expected
@@ -113,10 +110,7 @@ SWITCHES = {
 
 @pytest.mark.parametrize(
     "blocks",
-    [
-        dict(zip(SWITCHES, combo))
-        for combo in itertools.product(*[[None, *options] for options in SWITCHES.values()])
-    ],
+    [dict(zip(SWITCHES, combo)) for combo in itertools.product(*[[None, *options] for options in SWITCHES.values()])],
 )
 def test_validate_interface_is_original_whatever_the_switches(base0, blocks):
     cfg = train(**{k: v for k, v in blocks.items() if v is not None})
@@ -178,7 +172,7 @@ def test_reveal_message_exact(task_id):
         assert result.message == {"role": "user", "content": expected}
         assert result.info["advanced"] and result.info["revealed_tools"] == [d["name"] for d in docs]
         assert episode.initial_messages()[0]["content"] == system  # system prompt never updated
-        assert all(f"\"name\": \"{d['name']}\"" not in system for d in docs)
+        assert all(f'"name": "{d["name"]}"' not in system for d in docs)
     assert task.holdout_functions == load_task(task_id).holdout_functions
 
 
@@ -225,8 +219,7 @@ def test_parse_errors_joined_and_no_turn_advance(base0):
     ]
     tag_only = episode.step("<tool_call> oops")
     assert tag_only.message["content"] == (
-        "[ERROR] Invalid tool call format: "
-        "Found tool_call tag text, but no valid <tool_call>{...}</tool_call> block."
+        "[ERROR] Invalid tool call format: Found tool_call tag text, but no valid <tool_call>{...}</tool_call> block."
     )
     assert episode.turn == 0
 
@@ -237,9 +230,7 @@ def test_lenient_parser_executes_the_valid_calls(base0):
     pwd = '{"current_working_directory": "/workspace"}'
     assert result.message["content"] == f"<tool_response>\n{pwd}\n</tool_response>\n"
     missing = episode.step('<tool_call>{"name": "", "arguments": {}}</tool_call>')
-    assert missing.message["content"] == (
-        "[ERROR] Invalid tool call format: Missing function name in tool call."
-    )
+    assert missing.message["content"] == ("[ERROR] Invalid tool call format: Missing function name in tool call.")
     bad_args = episode.step('<tool_call>{"name": "cd", "arguments": "nope"}</tool_call>')
     assert bad_args.message["content"] == (
         "[ERROR] Invalid tool call format: Tool 'cd' has invalid JSON arguments: nope"
@@ -312,8 +303,7 @@ def test_toolace_mode_episode(base0):
     assert result.info["num_calls"] == 2 and result.message["content"].count("<tool_response>") == 2
     rejected = episode.step("[cd('document')]")
     assert rejected.message["content"] == (
-        "[ERROR] Invalid tool call format: "
-        "Tool 'cd' uses positional arguments; pass every argument as name=value."
+        "[ERROR] Invalid tool call format: Tool 'cd' uses positional arguments; pass every argument as name=value."
     )
 
 
@@ -344,11 +334,14 @@ def test_list_or_object_tool_names_read_as_released(base0, enforce, strict, name
     assert "new" not in episode.step(call("ls")).message["content"]
 
 
-@pytest.mark.parametrize("name, text", [
-    ("[]", "Missing function name in tool call."),
-    ("null", "Missing function name in tool call."),
-    ("5", "Tool '5' is not available in the current tool list."),
-])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("[]", "Missing function name in tool call."),
+        ("null", "Missing function name in tool call."),
+        ("5", "Tool '5' is not available in the current tool list."),
+    ],
+)
 def test_empty_null_and_number_tool_names_read_as_released(base0, name, text):
     episode = Episode(base0, "validate")
     reply = episode.step(f'<tool_call>{{"name": {name}, "arguments": {{}}}}</tool_call>').message["content"]
@@ -382,7 +375,7 @@ def test_feedback_hints_on_real_bfcl_errors(base0):
     ]
     hinted = _feedback_replies(base0, "train", texts)
     plain = _feedback_replies(base0, "validate", texts)
-    hints = [reply[len(original):] for reply, original in zip(hinted, plain)]
+    hints = [reply[len(original) :] for reply, original in zip(hinted, plain)]
     assert all(reply.startswith(original) for reply, original in zip(hinted, plain))
     error = '{"error": "cd: \'missing\': No such file or directory"}'
     assert plain[0] == f"<tool_response>\n{error}\n</tool_response>\n"
@@ -397,8 +390,7 @@ def test_feedback_hints_on_real_bfcl_errors(base0):
         "Re-emit the tool_call with these keys present in `arguments`.\n"
     )
     assert hints[2] == (
-        "[ToolHint] `cd` does not accept argument `depth`. Drop it and only use arguments listed in the tool "
-        "schema.\n"
+        "[ToolHint] `cd` does not accept argument `depth`. Drop it and only use arguments listed in the tool schema.\n"
     )
     assert hints[3].startswith("[ToolHint] This call needs an authenticated session.")
     assert all(h.endswith("\n") and h.count("[ToolHint]") == 1 for h in hints)
@@ -426,9 +418,7 @@ def _system(task, mode, profile, **cues):
 def test_capability_cues_follow_the_pushed_profile(base0):
     state = _system(base0, "train", PROFILE)
     tool_prompt = tools_system_prompt(observation_lite(base0.functions, EnvConfig().observation_lite))
-    assert state == (
-        f"{tool_prompt}\n\n{OBSERVATION_NOTE}\n\n{CUES_HEADER}\n- {DEFAULT_GUIDELINES['state_mismatch']}"
-    )
+    assert state == (f"{tool_prompt}\n\n{OBSERVATION_NOTE}\n\n{CUES_HEADER}\n- {DEFAULT_GUIDELINES['state_mismatch']}")
     other = {"step": 6, "tags": {"spurious_tool_call": {"count": 30, "reward_mean": 0.0}}}
     expected_block = f"{CUES_HEADER}\n- {DEFAULT_GUIDELINES['spurious_tool_call']}"
     assert _system(base0, "train", other).endswith(expected_block)

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from env_service.client import make_client
 from env_service.calls import parse_call_string
+from env_service.client import make_client
 from env_service.tasks import load_task
 from seal.eval import report
 from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
@@ -22,10 +22,16 @@ from seal.eval.records import append_record, load_records
 # Passing and failing tasks in every category; multi_turn_miss_func_49's ground truth calls a tool before it is
 # revealed, which our environment refuses: bfcl must fail it too (it only sees the calls that ran).
 TASKS = {
-    "multi_turn_base_0": "gt", "multi_turn_base_6": "drop_last", "multi_turn_base_24": "gt",
-    "multi_turn_miss_func_1": "gt", "multi_turn_miss_func_49": "gt", "multi_turn_miss_func_3": "wrong_arg",
-    "multi_turn_miss_param_3": "gt", "multi_turn_miss_param_5": "drop_last",
-    "multi_turn_long_context_2": "gt", "multi_turn_long_context_7": "wrong_arg",
+    "multi_turn_base_0": "gt",
+    "multi_turn_base_6": "drop_last",
+    "multi_turn_base_24": "gt",
+    "multi_turn_miss_func_1": "gt",
+    "multi_turn_miss_func_49": "gt",
+    "multi_turn_miss_func_3": "wrong_arg",
+    "multi_turn_miss_param_3": "gt",
+    "multi_turn_miss_param_5": "drop_last",
+    "multi_turn_long_context_2": "gt",
+    "multi_turn_long_context_7": "wrong_arg",
 }
 
 

@@ -21,10 +21,22 @@ TASKS = ["multi_turn_base_107", "multi_turn_miss_func_121"]  # a held-out and a 
 
 
 def run_eval(out: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "seal.eval", "checkpoint", "--ids", ",".join(TASKS), "--max-model-calls", "2",
-           "--out", str(out), "--no-progress"]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "seal.eval",
+        "checkpoint",
+        "--ids",
+        ",".join(TASKS),
+        "--max-model-calls",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    return subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=1200, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
 
 
 def test_checkpoint_eval_scores_what_validation_scored(tmp_path):

@@ -13,9 +13,9 @@ import pytest
 import requests
 from test_vllm_cpu import TINY_DIR, VENV_PYTHON, free_port, require_venv
 
+from seal.cpu.vllm_cpu import RUNTIME_ENV
 from seal.eval.__main__ import main as eval_main
 from seal.eval.records import load_records
-from seal.cpu.vllm_cpu import RUNTIME_ENV
 
 pytestmark = pytest.mark.slow
 TASKS = "multi_turn_base_107,multi_turn_miss_param_107"
@@ -30,9 +30,23 @@ def vllm_server(tmp_path_factory):
     build_tiny_model(TINY_DIR, shape="vllm_cpu")
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    cmd = [str(VENV_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(TINY_DIR),
-           "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192",
-           "--dtype", "float32"]
+    cmd = [
+        str(VENV_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(TINY_DIR),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "8192",
+        "--dtype",
+        "float32",
+    ]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **RUNTIME_ENV})
     url = f"http://127.0.0.1:{port}/v1"
@@ -60,8 +74,22 @@ def vllm_server(tmp_path_factory):
 
 def test_endpoint_eval_end_to_end_and_resume(vllm_server, tmp_path, capsys):
     out = tmp_path / "eval"
-    argv = ["endpoint", "--endpoint", vllm_server, "--model", "tiny", "--ids", TASKS, "--max-model-calls", "2",
-            "--max-tokens", "16", "--out", str(out), "--no-progress"]
+    argv = [
+        "endpoint",
+        "--endpoint",
+        vllm_server,
+        "--model",
+        "tiny",
+        "--ids",
+        TASKS,
+        "--max-model-calls",
+        "2",
+        "--max-tokens",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert eval_main(argv) == 0
     records = load_records(str(out / "results.jsonl"))
     assert sorted(r["task_id"] for r in records) == sorted(TASKS.split(","))

@@ -15,8 +15,16 @@ from seal.eval.tasks import EVAL_SPLIT, select_tasks, write_eval_dataset
 
 def record(task_id, valid, tags=("pass",), labels=("pass",), failed=False):
     evaluation = {"valid": valid, "reward": float(valid), "tags": list(tags), "labels": list(labels)}
-    return make_record(task_id, None if failed else evaluation, [], model_calls=1, termination="completed",
-                       tokens={"prompt": 1, "completion": 1}, source={}, failed=failed)
+    return make_record(
+        task_id,
+        None if failed else evaluation,
+        [],
+        model_calls=1,
+        termination="completed",
+        tokens={"prompt": 1, "completion": 1},
+        source={},
+        failed=failed,
+    )
 
 
 def test_results_file_resumes_and_survives_a_torn_line(tmp_path):
@@ -32,9 +40,11 @@ def test_results_file_resumes_and_survives_a_torn_line(tmp_path):
 
 
 def test_accuracy_and_binomial_standard_errors():
-    records = ([record(f"multi_turn_base_{i}", i < 3) for i in range(4)]
-               + [record(f"multi_turn_miss_func_{i}", i < 1) for i in range(5)]
-               + [record("multi_turn_long_context_0", False, failed=True)])
+    records = (
+        [record(f"multi_turn_base_{i}", i < 3) for i in range(4)]
+        + [record(f"multi_turn_miss_func_{i}", i < 1) for i in range(5)]
+        + [record("multi_turn_long_context_0", False, failed=True)]
+    )
     table = report.accuracy_table(records)
     assert table["base"].accuracy == 0.75 and table["base"].n == 4
     assert table["base"].stderr == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
@@ -44,9 +54,15 @@ def test_accuracy_and_binomial_standard_errors():
 
 
 def test_failure_profile_shares_per_category():
-    records = [record("multi_turn_base_0", False, tags=("pass", "state_mismatch"), labels=("pass", "state_mismatch")),
-               record("multi_turn_base_1", False, tags=("empty_turn_model_response", "state_mismatch"),
-                      labels=("missing_tool_call", "state_mismatch"))]
+    records = [
+        record("multi_turn_base_0", False, tags=("pass", "state_mismatch"), labels=("pass", "state_mismatch")),
+        record(
+            "multi_turn_base_1",
+            False,
+            tags=("empty_turn_model_response", "state_mismatch"),
+            labels=("missing_tool_call", "state_mismatch"),
+        ),
+    ]
     profile = report.failure_profile(records)
     assert profile["tags"]["base"] == {"empty_turn_model_response": 0.25, "pass": 0.25, "state_mismatch": 0.5}
     assert profile["labels"]["all"]["missing_tool_call"] == 0.25
@@ -83,8 +99,11 @@ def test_eval_dataset_runs_train_tasks_in_validate_mode(tmp_path):
 
 def test_turn_log_follows_the_environment_turns():
     log = TurnLog()
-    log.add('<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>', {"content": "r"},
-            {"num_calls": 1, "advanced": False})
+    log.add(
+        '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>',
+        {"content": "r"},
+        {"num_calls": 1, "advanced": False},
+    )
     log.add("<tool_call>{bad</tool_call>", {"content": "[ERROR]"}, {"num_calls": 0, "error_type": "parse_error"})
     log.add("done", {"content": "next question"}, {"num_calls": 0, "advanced": True})
     log.add("done", {"content": "[CONVERSATION_COMPLETED]"}, {"num_calls": 0, "advanced": True}, terminated=True)

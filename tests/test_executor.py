@@ -10,11 +10,10 @@ import re
 import threading
 
 import pytest
-
-from env_service import _bfcl  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as mtu
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import long_context as lc_module
 
+from env_service import _bfcl  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
 from env_service.calls import ToolCall, format_call_string, parse_call_string, tool_parameter_names
 from env_service.executor import BackendSession, ToolNotAvailable
 from env_service.tasks import all_task_ids, load_task
@@ -35,7 +34,9 @@ def _cleanup(model_name: str) -> None:
 
 
 def _snapshot_long_context_module():
-    return {k: copy.deepcopy(v) for k, v in vars(lc_module).items() if isinstance(v, (dict, list)) and not k.startswith("_")}
+    return {
+        k: copy.deepcopy(v) for k, v in vars(lc_module).items() if isinstance(v, (dict, list)) and not k.startswith("_")
+    }
 
 
 def _restore_long_context_module(snapshot) -> None:
@@ -376,7 +377,17 @@ def test_parse_call_string_maps_positional_arguments():
 
 @pytest.mark.parametrize(
     "bad",
-    ["ls(", "a.b()", "ls(**{'a': 1})", "cd(folder=x)", "cd(folder=1+2)", "unknown_tool('x')", "ls(1, 2, 3)", "42", "cd(folder='a', folder='b')"],
+    [
+        "ls(",
+        "a.b()",
+        "ls(**{'a': 1})",
+        "cd(folder=x)",
+        "cd(folder=1+2)",
+        "unknown_tool('x')",
+        "ls(1, 2, 3)",
+        "42",
+        "cd(folder='a', folder='b')",
+    ],
 )
 def test_parse_call_string_rejects(bad):
     with pytest.raises(ValueError):
@@ -391,7 +402,7 @@ def test_format_call_string_is_bfcl_convert_to_function_call():
 
     source = (Path(bfcl_eval.__file__).parent / "model_handler" / "utils.py").read_text()
     assert "f\"{key}({','.join([f'{k}={repr(v)}' for k,v in value.items()])})\"" in source
-    call = ToolCall("post_tweet", {"content": "it's \"x\"", "tags": ["#a", "#b"], "n": 1.5, "ok": True, "none": None})
+    call = ToolCall("post_tweet", {"content": 'it\'s "x"', "tags": ["#a", "#b"], "n": 1.5, "ok": True, "none": None})
     expected = "post_tweet(content='it\\'s \"x\"',tags=['#a', '#b'],n=1.5,ok=True,none=None)"
     assert format_call_string(call) == expected
     assert format_call_string(ToolCall("ls", {})) == "ls()"
@@ -413,7 +424,10 @@ def test_production_code_never_evals():
                 assert func.id not in forbidden, (name, func.id)
             elif isinstance(func, ast.Attribute) and func.attr in forbidden:
                 # re.compile builds a regex; anything else named like this is suspicious
-                assert func.attr == "compile" and isinstance(func.value, ast.Name) and func.value.id == "re", (name, func.attr)
+                assert func.attr == "compile" and isinstance(func.value, ast.Name) and func.value.id == "re", (
+                    name,
+                    func.attr,
+                )
 
 
 def test_costly_math_arguments_are_refused_before_they_stall_the_service():
@@ -432,7 +446,7 @@ def test_costly_math_arguments_are_refused_before_they_stall_the_service():
             session.execute(ToolCall("power", {"base": 10, "exponent": 10**9})),
             # shapes that stalled bfcl's backends 15-150 s: a huge negative rounding, the precision as a
             # string (mpmath takes int() of it), a huge base below the exponent limit
-            session.execute(ToolCall("round_number", {"number": 5, "decimal_places": -10**9})),
+            session.execute(ToolCall("round_number", {"number": 5, "decimal_places": -(10**9)})),
             session.execute(ToolCall("logarithm", {"value": 10, "base": 2, "precision": "100000000"})),
             session.execute(ToolCall("logarithm", {"value": 10, "base": 2, "precision": " 100000000 "})),
             session.execute(ToolCall("power", {"base": 10**4000, "exponent": 10000})),

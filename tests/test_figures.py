@@ -11,11 +11,16 @@ from seal.eval.report import binomial_cell
 def metrics(steps=4, quantiles=True):
     out = {}
     for s in range(1, steps + 1):
-        data = {"seal/apatch/mean_scale": 1.0 + 0.1 * s, "seal/apatch/tag_frac/state_mismatch": 0.5 - 0.05 * s,
-                "seal/apatch/tag_frac/pass": 0.5 + 0.05 * s, "seal/apatch/tag_weight/state_mismatch": 1.0 + 0.1 * s}
+        data = {
+            "seal/apatch/mean_scale": 1.0 + 0.1 * s,
+            "seal/apatch/tag_frac/state_mismatch": 0.5 - 0.05 * s,
+            "seal/apatch/tag_frac/pass": 0.5 + 0.05 * s,
+            "seal/apatch/tag_weight/state_mismatch": 1.0 + 0.1 * s,
+        }
         if quantiles:
-            data.update({f"seal/apatch/scale/{q}": 0.5 + 0.2 * i + 0.01 * s
-                         for i, q in enumerate(figures.SCALE_QUANTILES)})
+            data.update(
+                {f"seal/apatch/scale/{q}": 0.5 + 0.2 * i + 0.01 * s for i, q in enumerate(figures.SCALE_QUANTILES)}
+            )
         out[s] = data
     return out
 
@@ -50,8 +55,14 @@ def test_run_figures_from_a_run_directory(tmp_path):
         for step, data in metrics().items():
             data["val-core/multi_turn_base/reward/mean@1"] = 0.1 * step
             f.write(json.dumps({"step": step, "data": data}) + "\n")
-    (run / "diagnostic_stats" / "epoch_0.json").write_text(json.dumps(
-        {"global_step": 4, "labels": {"pass": {"count": 3}, "state_mismatch": {"count": 1}}}))
+    (run / "diagnostic_stats" / "epoch_0.json").write_text(
+        json.dumps({"global_step": 4, "labels": {"pass": {"count": 3}, "state_mismatch": {"count": 1}}})
+    )
     written = figures.run_figures(str(run))
     assert {p.rsplit("/", 1)[1] for p in written} == {
-        "tag_shares.png", "apatch_weights.png", "apatch_scales.png", "label_shares.png", "accuracy_bands.png"}
+        "tag_shares.png",
+        "apatch_weights.png",
+        "apatch_scales.png",
+        "label_shares.png",
+        "accuracy_bands.png",
+    }

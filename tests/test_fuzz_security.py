@@ -44,25 +44,101 @@ CODE = [
 ]
 
 NAMES = CODE + [
-    "ls.__class__", "ls.__globals__", "cd.__func__.__globals__['__builtins__']", "__class__", "__globals__",
-    "__builtins__", "__import__", "os.system", "ls()", "ls(a=1)", "cd) or (ls", "ls; import os", "ls\n",
-    "ls\x00", "", " ", "ls" * 5000, "mkdir.__self__", "self", "instance", "globals", "locals", "vars", "print",
-    "open", "eval", "exec", "kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run", "f'{1}'",
-    f"f\"{{{CODE[0]}}}\"", "lambda: 0", "_load_scenario", "__init__", "__eq__", "__dict__", "é", "ls\u202e",
+    "ls.__class__",
+    "ls.__globals__",
+    "cd.__func__.__globals__['__builtins__']",
+    "__class__",
+    "__globals__",
+    "__builtins__",
+    "__import__",
+    "os.system",
+    "ls()",
+    "ls(a=1)",
+    "cd) or (ls",
+    "ls; import os",
+    "ls\n",
+    "ls\x00",
+    "",
+    " ",
+    "ls" * 5000,
+    "mkdir.__self__",
+    "self",
+    "instance",
+    "globals",
+    "locals",
+    "vars",
+    "print",
+    "open",
+    "eval",
+    "exec",
+    "kill",
+    "exit",
+    "quit",
+    "remove",
+    "unlink",
+    "popen",
+    "Popen",
+    "run",
+    "f'{1}'",
+    f'f"{{{CODE[0]}}}"',
+    "lambda: 0",
+    "_load_scenario",
+    "__init__",
+    "__eq__",
+    "__dict__",
+    "é",
+    "ls\u202e",
     "\ud800x",
 ]
 
 # Argument keys that would inject syntax into a "name(key=value)" call string.
 KEYS = [
-    f"folder={CODE[0]},x", f"x=1) or {CODE[0]} or (y", "**kwargs", "*args", "folder, **{}", "a.b", "a b",
-    "", "1abc", "for", "None", "__class__", "folder\x00", "folder" * 2000, f"{{{CODE[1]}}}", "é", "fo\ud800",
+    f"folder={CODE[0]},x",
+    f"x=1) or {CODE[0]} or (y",
+    "**kwargs",
+    "*args",
+    "folder, **{}",
+    "a.b",
+    "a b",
+    "",
+    "1abc",
+    "for",
+    "None",
+    "__class__",
+    "folder\x00",
+    "folder" * 2000,
+    f"{{{CODE[1]}}}",
+    "é",
+    "fo\ud800",
 ]
 
 # Argument values (all JSON): strings that look like code, quotes that would break naive quoting.
 VALUES = [
-    CODE[0], f"'); {CODE[0]}; ('", f"\"); {CODE[1]}; (\"", f"{{{CODE[2]}}}", "\\", "'", '"', "\x00", "\n" * 50,
-    "a" * 100_000, -1, 2**63, 10**300, 1e308, -0.0, True, None, [], {}, [[[[]]]], {"__class__": CODE[3]},
-    {"a": {"b": [CODE[4]]}}, "ls(", "\u2028\u2029", "\udcff".encode("utf-8", "surrogateescape").decode("latin-1"),
+    CODE[0],
+    f"'); {CODE[0]}; ('",
+    f'"); {CODE[1]}; ("',
+    f"{{{CODE[2]}}}",
+    "\\",
+    "'",
+    '"',
+    "\x00",
+    "\n" * 50,
+    "a" * 100_000,
+    -1,
+    2**63,
+    10**300,
+    1e308,
+    -0.0,
+    True,
+    None,
+    [],
+    {},
+    [[[[]]]],
+    {"__class__": CODE[3]},
+    {"a": {"b": [CODE[4]]}},
+    "ls(",
+    "\u2028\u2029",
+    "\udcff".encode("utf-8", "surrogateescape").decode("latin-1"),
 ]
 
 TOOLS = ["ls", "cd", "mkdir", "touch", "echo", "cat", "post_tweet", "send_message", "get_stock_info", "logging"]
@@ -84,7 +160,10 @@ def _structural_payloads() -> list[str]:
         _raw_call('{"name": "cd", "arguments": {"folder": ' + "[" * 900 + "1" + "]" * 900 + "}}"),
         _raw_call('{"name": "cd", "arguments": {"folder": ' + "[" * 33 + "1" + "]" * 33 + "}}"),
         _raw_call('{"name": "cd", "arguments": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}"),
-        deep, "{" * 100_000, "<tool_call>" * 20_000, "<tool_call>{" * 10_000,
+        deep,
+        "{" * 100_000,
+        "<tool_call>" * 20_000,
+        "<tool_call>{" * 10_000,
         "<tool_call>\n" + "{" * 50_000 + "\n</tool_call>",
         _raw_call('{"name": "cd", "arguments": {"folder": NaN}}'),
         _raw_call('{"name": "cd", "arguments": {"folder": Infinity}}'),
@@ -92,25 +171,58 @@ def _structural_payloads() -> list[str]:
         _raw_call('{"name": "cd", "arguments": {"folder": 1e999}}'),
         _raw_call('{"name": "cd", "arguments": {"folder": ' + "9" * 5000 + "}}"),
         _raw_call('{"name": "cd", "arguments": {"folder": "a", "folder": "b"}}'),
-        _raw_call('{"name": 1, "arguments": {}}'), _raw_call('{"name": null, "arguments": {}}'),
-        _raw_call('{"name": ["ls"], "arguments": {}}'), _raw_call('{"name": {"x": 1}, "arguments": {}}'),
-        _raw_call('{"name": "ls", "arguments": [1, 2]}'), _raw_call('{"name": "ls", "arguments": "{}"}'),
-        _raw_call('{"name": "ls", "arguments": "not json"}'), _raw_call('{"name": "ls", "arguments": 3}'),
-        _raw_call('{"name": "ls", "arguments": null}'), _raw_call('{"name": "ls"}'), _raw_call("{}"),
-        _raw_call('["ls", {}]'), _raw_call('"ls"'), _raw_call("null"), _raw_call(""), "<tool_call></tool_call>",
-        _raw_call('{"name": "ls", "parameters": {}}'), _raw_call('{"name": "ls", "arguments": {}} trailing'),
+        _raw_call('{"name": 1, "arguments": {}}'),
+        _raw_call('{"name": null, "arguments": {}}'),
+        _raw_call('{"name": ["ls"], "arguments": {}}'),
+        _raw_call('{"name": {"x": 1}, "arguments": {}}'),
+        _raw_call('{"name": "ls", "arguments": [1, 2]}'),
+        _raw_call('{"name": "ls", "arguments": "{}"}'),
+        _raw_call('{"name": "ls", "arguments": "not json"}'),
+        _raw_call('{"name": "ls", "arguments": 3}'),
+        _raw_call('{"name": "ls", "arguments": null}'),
+        _raw_call('{"name": "ls"}'),
+        _raw_call("{}"),
+        _raw_call('["ls", {}]'),
+        _raw_call('"ls"'),
+        _raw_call("null"),
+        _raw_call(""),
+        "<tool_call></tool_call>",
+        _raw_call('{"name": "ls", "parameters": {}}'),
+        _raw_call('{"name": "ls", "arguments": {}} trailing'),
         "\n".join([_call("ls", {})] * 3000),
         "\n".join([_call("cd", {"folder": str(i)}) for i in range(300)]),
-        "x" * (MAX_CONTENT_BYTES - 10), "x" * (MAX_CONTENT_BYTES + 1), "é" * (MAX_CONTENT_BYTES // 2 + 1),
-        "\x00" * 1000, _call("ls\x00", {"a\x00": "\x00"}), "\ud800", "ok \udfff", _call("ls", {"x": "\ud83d"}),
-        "", " ", "\n", "</tool_call>", "<tool_call>", "<TOOL_CALL>{}</TOOL_CALL>",
+        "x" * (MAX_CONTENT_BYTES - 10),
+        "x" * (MAX_CONTENT_BYTES + 1),
+        "é" * (MAX_CONTENT_BYTES // 2 + 1),
+        "\x00" * 1000,
+        _call("ls\x00", {"a\x00": "\x00"}),
+        "\ud800",
+        "ok \udfff",
+        _call("ls", {"x": "\ud83d"}),
+        "",
+        " ",
+        "\n",
+        "</tool_call>",
+        "<tool_call>",
+        "<TOOL_CALL>{}</TOOL_CALL>",
         # Python call lists (the toolace_llama prompt mode parses these with ast; must never evaluate)
-        f"[cd(folder={CODE[0]})]", f"[{CODE[0]}]",
+        f"[cd(folder={CODE[0]})]",
+        f"[{CODE[0]}]",
         f"[ls.__class__.__init__.__globals__['os'].system('touch {CANARY_FILE}')]",
-        f"[(lambda: {CODE[0]})()]", f"[cd(folder=f\"{{{CODE[0]}}}\")]", f"[cd(**{{'folder': {CODE[1]}}})]",
-        f"[cd(*[{CODE[0]}])]", f"[cd(folder=[x for x in [{CODE[0]}]])]", "[" * 10_000, "[" + "(" * 5000 + "]",
-        f"[cd(folder='a' + {CODE[0]})]", f"[cd(folder=1 if {CODE[0]} else 2)]", "[cd(folder=__debug__)]",
-        f"[cd(folder={{'a': {CODE[0]}}})]", "[ls()] " * 3000, "[cd(folder=b'x')]", "[cd(folder=...)]",
+        f"[(lambda: {CODE[0]})()]",
+        f'[cd(folder=f"{{{CODE[0]}}}")]',
+        f"[cd(**{{'folder': {CODE[1]}}})]",
+        f"[cd(*[{CODE[0]}])]",
+        f"[cd(folder=[x for x in [{CODE[0]}]])]",
+        "[" * 10_000,
+        "[" + "(" * 5000 + "]",
+        f"[cd(folder='a' + {CODE[0]})]",
+        f"[cd(folder=1 if {CODE[0]} else 2)]",
+        "[cd(folder=__debug__)]",
+        f"[cd(folder={{'a': {CODE[0]}}})]",
+        "[ls()] " * 3000,
+        "[cd(folder=b'x')]",
+        "[cd(folder=...)]",
         f"[__import__('os').system('touch {CANARY_FILE}')]",
     ]
 
@@ -120,8 +232,7 @@ def hostile_messages(seed: int = 1234) -> list[str]:
     rng = random.Random(seed)
     messages = [_call(name, {}) for name in NAMES]
     messages += [_call(rng.choice(TOOLS), {key: "x"}) for key in KEYS]
-    messages += [_call(rng.choice(TOOLS), {"folder": value, "file_name": value, "content": value})
-                 for value in VALUES]
+    messages += [_call(rng.choice(TOOLS), {"folder": value, "file_name": value, "content": value}) for value in VALUES]
     # The same names / keys / values as Python call lists (what the toolace_llama mode parses).
     messages += [f"[{name}()]" for name in NAMES]
     messages += [f"[{rng.choice(TOOLS)}({key}='x')]" for key in KEYS]
@@ -148,8 +259,14 @@ CONFIGS = {
     "lenient": {"strict_tool_parser": False, "enforce_available_tools": False},
     "python_calls": {"tool_prompt_mode": "toolace_llama", "enforce_available_tools": False},
 }
-TASKS = ["multi_turn_base_5", "multi_turn_long_context_7", "multi_turn_miss_func_10", "multi_turn_miss_param_8",
-         "multi_turn_base_24", "multi_turn_long_context_1"]
+TASKS = [
+    "multi_turn_base_5",
+    "multi_turn_long_context_7",
+    "multi_turn_miss_func_10",
+    "multi_turn_miss_param_8",
+    "multi_turn_base_24",
+    "multi_turn_long_context_1",
+]
 
 
 def assert_no_canary() -> None:
@@ -285,8 +402,7 @@ def test_http_raw_bytes_bodies(server, index):
     failures_before = client.health()["episode_failures"]
     instance_id = client.create("multi_turn_base_5", "train", CONFIGS["no_enforce"])["instance_id"]
     body = RAW_BODIES[index].replace(b"%s", instance_id.encode(), 1)
-    response = requests.post(f"{server.url}/step", data=body, headers={"Content-Type": "application/json"},
-                             timeout=30)
+    response = requests.post(f"{server.url}/step", data=body, headers={"Content-Type": "application/json"}, timeout=30)
     assert response.status_code == 200 or 400 <= response.status_code < 500, response.text[:300]
     assert "Traceback" not in response.text
     payload = response.json()

@@ -161,8 +161,16 @@ def test_async_server_api_and_lifecycle(server, prompt_ids):
         out = await server.generate(
             request_id="r1", prompt_ids=prompt_ids, sampling_params=params, image_data=None, video_data=None
         )
-        for name in ("wake_up", "sleep", "resume_generation", "clear_kv_cache", "release_kv_cache",
-                     "resume_kv_cache", "start_profile", "stop_profile"):
+        for name in (
+            "wake_up",
+            "sleep",
+            "resume_generation",
+            "clear_kv_cache",
+            "release_kv_cache",
+            "resume_kv_cache",
+            "start_profile",
+            "stop_profile",
+        ):
             await getattr(server, name)()
         await server.abort_all_requests(reject_request=True)
         return out

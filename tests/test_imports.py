@@ -112,14 +112,16 @@ def _cycle_in(component: set[str], graph: dict[str, set[str]]) -> list[str]:
     while True:
         node = min(n for n in graph[node] if n in component)
         if node in seen:
-            return path[path.index(node):] + [node]
+            return path[path.index(node) :] + [node]
         path.append(node)
         seen.add(node)
 
 
 def test_the_graph_sees_module_and_function_level_imports():
     graph = import_graph()
-    assert "env_service.episode" in graph["env_service.manager"] or "env_service.episode" in graph["env_service.workers"]
+    assert (
+        "env_service.episode" in graph["env_service.manager"] or "env_service.episode" in graph["env_service.workers"]
+    )
     assert "env_service.client" in graph["seal.launch"]  # imported inside a function there
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
@@ -144,7 +146,7 @@ def test_environment_service_never_imports_the_trainer():
 def test_the_environment_table_in_the_architecture_doc_is_in_dependency_order():
     """docs/architecture.md lists env_service's modules so that each imports only modules above it."""
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    section = doc[doc.index("## Environment side"):doc.index("## Trainer side")]
+    section = doc[doc.index("## Environment side") : doc.index("## Trainer side")]
     listed = [f"env_service.{name}" for name in re.findall(r"^\| `(\w+)\.py`", section, re.M)]
     graph = import_graph()
     modules = sorted(m for m in graph if m.startswith("env_service."))

@@ -159,8 +159,10 @@ def test_enrich_parse_error_variants():
     [
         ('{"error": "cd: \'x\': No such file or directory"}', "cd: 'x': No such file or directory"),
         ({"error": "boom"}, "boom"),
-        ("Error during execution: GorillaFileSystem.cd() missing 1 required positional argument: 'folder'",
-         "GorillaFileSystem.cd() missing 1 required positional argument: 'folder'"),
+        (
+            "Error during execution: GorillaFileSystem.cd() missing 1 required positional argument: 'folder'",
+            "GorillaFileSystem.cd() missing 1 required positional argument: 'folder'",
+        ),
         ('{"current_directory_content": ["a"]}', ""),
         ('{"error": 5}', ""),
         ('{"error": "unterminated', ""),
@@ -176,22 +178,28 @@ def test_tool_error_text(result, error):
 @pytest.mark.parametrize(
     "error, expected",
     [
-        ("GorillaFileSystem.cd() missing 1 required positional argument: 'folder'",
-         "Required argument(s) 'folder' for `cd` were missing. "
-         "Re-emit the tool_call with these keys present in `arguments`."),
-        ("VehicleControlAPI.fillFuelTank() missing 1 required positional argument: 'fuelAmount'",
-         "Required argument(s) 'fuelAmount' for `cd` were missing. "
-         "Re-emit the tool_call with these keys present in `arguments`."),
-        ("GorillaFileSystem.cd() got an unexpected keyword argument 'path'",
-         "`cd` does not accept argument `path`. Drop it and only use arguments listed in the tool schema."),
+        (
+            "GorillaFileSystem.cd() missing 1 required positional argument: 'folder'",
+            "Required argument(s) 'folder' for `cd` were missing. "
+            "Re-emit the tool_call with these keys present in `arguments`.",
+        ),
+        (
+            "VehicleControlAPI.fillFuelTank() missing 1 required positional argument: 'fuelAmount'",
+            "Required argument(s) 'fuelAmount' for `cd` were missing. "
+            "Re-emit the tool_call with these keys present in `arguments`.",
+        ),
+        (
+            "GorillaFileSystem.cd() got an unexpected keyword argument 'path'",
+            "`cd` does not accept argument `path`. Drop it and only use arguments listed in the tool schema.",
+        ),
         ("cd: 'x': No such file or directory", "The path given to `cd` does not exist in the current state."),
-        ("cd: a/b: Unsupported path. Only one folder level at a time is supported.",
-         "`cd` accepts a single path component only. Move one directory level per call."),
-        ("User not authenticated. Please authenticate before posting.",
-         "This call needs an authenticated session."),
+        (
+            "cd: a/b: Unsupported path. Only one folder level at a time is supported.",
+            "`cd` accepts a single path component only. Move one directory level per call.",
+        ),
+        ("User not authenticated. Please authenticate before posting.", "This call needs an authenticated session."),
         ("No user is currently logged in.", "This call needs an authenticated session."),
-        ("name 'foo' is not defined",
-         "`cd` is not in the available tool list. Available tools include: a, b."),
+        ("name 'foo' is not defined", "`cd` is not in the available tool list. Available tools include: a, b."),
         ("expected str, got int", "`cd` received an argument of the wrong type."),
         ("Stock with symbol 'X' not found.", "`cd` returned an error. Re-read its parameter schema"),
         ("x" * 300, ""),

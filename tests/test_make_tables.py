@@ -27,8 +27,10 @@ def load_script():
 
 def heldout_rows():
     table = pq.read_table(VAL_FILE, columns=["extra_info", "reward_model"])
-    return [(e["task_id"], r["ground_truth"]) for e, r in
-            zip(table.column("extra_info").to_pylist(), table.column("reward_model").to_pylist())]
+    return [
+        (e["task_id"], r["ground_truth"])
+        for e, r in zip(table.column("extra_info").to_pylist(), table.column("reward_model").to_pylist())
+    ]
 
 
 def write_training_run(run: Path, passes: dict[int, set[str]]) -> None:
@@ -47,15 +49,35 @@ def write_training_run(run: Path, passes: dict[int, set[str]]) -> None:
     step = max(passes)
     with open(run / "validation_log" / f"{step}.jsonl", "w") as f:
         for task_id, gt in rows:
-            f.write(json.dumps({"input": "", "output": "", "gts": gt, "score": float(task_id in passes[step]),
-                                "step": step, "env_failed": 0.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "input": "",
+                        "output": "",
+                        "gts": gt,
+                        "score": float(task_id in passes[step]),
+                        "step": step,
+                        "env_failed": 0.0,
+                    }
+                )
+                + "\n"
+            )
 
 
 def write_eval_run(folder: Path, passed: set[str]) -> None:
     for task_id, _ in heldout_rows():
-        append_record(str(folder / "results.jsonl"), make_record(
-            task_id, {"valid": task_id in passed, "tags": [], "labels": []}, [], model_calls=1,
-            termination="completed", tokens={}, source={}))
+        append_record(
+            str(folder / "results.jsonl"),
+            make_record(
+                task_id,
+                {"valid": task_id in passed, "tags": [], "labels": []},
+                [],
+                model_calls=1,
+                termination="completed",
+                tokens={},
+                source={},
+            ),
+        )
 
 
 @pytest.fixture(scope="module")

@@ -52,20 +52,40 @@ def test_released_recipe_on_80gb_gpus_by_hand():
 
 
 def test_offload_and_overcommit():
-    offloaded = estimate(compose_recipe(SEAL, ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
-                                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]),
-                         gpu_bytes=80 * GIB)
+    offloaded = estimate(
+        compose_recipe(
+            SEAL,
+            [
+                "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+            ],
+        ),
+        gpu_bytes=80 * GIB,
+    )
     assert offloaded.actor_bytes == 0 and offloaded.actor_host_bytes == 7_615_616_512 * 16 / 4
-    greedy = estimate(compose_recipe(SEAL, ["actor_rollout_ref.rollout.gpu_memory_utilization=0.9"]), gpu_bytes=80 * GIB)
+    greedy = estimate(
+        compose_recipe(SEAL, ["actor_rollout_ref.rollout.gpu_memory_utilization=0.9"]), gpu_bytes=80 * GIB
+    )
     assert any("need ~100.4 GiB per GPU of 80.0" in w for w in greedy.warnings())  # 28.4 actor + 72 vLLM
-    starved = estimate(compose_recipe(SEAL, ["actor_rollout_ref.rollout.gpu_memory_utilization=0.1"]), gpu_bytes=80 * GIB)
+    starved = estimate(
+        compose_recipe(SEAL, ["actor_rollout_ref.rollout.gpu_memory_utilization=0.1"]), gpu_bytes=80 * GIB
+    )
     assert starved.kv_tokens == 0 and "does not hold its weights" in starved.warnings()[0]
 
 
 def test_fewer_sequences_fit_quietly():
-    small = estimate(compose_recipe(SEAL, ["data.val_batch_size=32", "actor_rollout_ref.rollout.n=2",
-                                           "actor_rollout_ref.rollout.max_model_len=8192",
-                                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"]), gpu_bytes=80 * GIB)
+    small = estimate(
+        compose_recipe(
+            SEAL,
+            [
+                "data.val_batch_size=32",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.rollout.max_model_len=8192",
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+            ],
+        ),
+        gpu_bytes=80 * GIB,
+    )
     assert small.running_sequences == 16 and small.context_tokens == 16 * 8192 < small.kv_tokens
     assert small.warnings() == []
 

@@ -42,7 +42,9 @@ def _packed_vs_alone(tiny_dir, attention: str) -> list[float]:
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(0, 150000, (n,), generator=generator).to(device) for n in LENGTHS]
     packed_ids = torch.cat(sequences)[None]
-    packed_pos = torch.cat([torch.arange(n, device=device) for n in LENGTHS])[None]  # restarting position ids, as verl packs
+    packed_pos = torch.cat([torch.arange(n, device=device) for n in LENGTHS])[
+        None
+    ]  # restarting position ids, as verl packs
     packed = _next_token_logprobs(model, packed_ids, packed_pos)
     differences, start = [], 0
     for seq in sequences:

@@ -49,9 +49,13 @@ def test_error_texts_are_specs():
 
 
 def test_valid_calls_with_content_and_ids():
-    text = 'Let me check.\n\n\n' + block('{"name": "ls", "arguments": {"a": true}}') + "\n" + block(
-        '{"name": "cd", "arguments": {"folder": "x"}}'
-    ) + "\n\n\nDone"
+    text = (
+        "Let me check.\n\n\n"
+        + block('{"name": "ls", "arguments": {"a": true}}')
+        + "\n"
+        + block('{"name": "cd", "arguments": {"folder": "x"}}')
+        + "\n\n\nDone"
+    )
     parsed = parse_tool_calls(text)
     assert parsed.errors == []
     assert parsed.calls == [ToolCall("ls", {"a": True}), ToolCall("cd", {"folder": "x"})]
@@ -82,7 +86,7 @@ def test_plain_text_has_no_error():
     assert (parsed.content, parsed.calls, parsed.errors) == ("The answer is 42.", [], [])
 
 
-@pytest.mark.parametrize("bad", ['{"name": "ls", "arguments": {}', '{name: 1}', '{"a": 1,}', '{"a": nan-}'])
+@pytest.mark.parametrize("bad", ['{"name": "ls", "arguments": {}', "{name: 1}", '{"a": 1,}', '{"a": nan-}'])
 def test_invalid_json(bad):
     # A block must end in "}" to match; the JSON inside is invalid.
     payload = bad if bad.endswith("}") else bad + "}"
@@ -168,11 +172,11 @@ def test_matcher_equals_upstream_regex_on_random_inputs():
 def test_matcher_equals_regex_on_realistic_messages():
     samples = [
         block('{"name": "ls", "arguments": {}}') * 3,
-        "<tool_call>{\"a\": {\"b\": 1}}</tool_call> tail </tool_call>",
-        "<tool_call> \n {\"a\": 1} } \n </tool_call>",
-        "<tool_call>{}</tool_call><tool_call>{\"x\": \"</tool_call>\"}</tool_call>",
-        "<tool_call><tool_call>{\"a\": 1}</tool_call>",
-        "<tool_call>\n\n{\"a\": 1}\n\n\n</tool_call>",
+        '<tool_call>{"a": {"b": 1}}</tool_call> tail </tool_call>',
+        '<tool_call> \n {"a": 1} } \n </tool_call>',
+        '<tool_call>{}</tool_call><tool_call>{"x": "</tool_call>"}</tool_call>',
+        '<tool_call><tool_call>{"a": 1}</tool_call>',
+        '<tool_call>\n\n{"a": 1}\n\n\n</tool_call>',
     ]
     for text in samples:
         assert find_tool_call_blocks(text) == _regex_blocks(text)
@@ -194,8 +198,8 @@ def test_whitespace_definition_matches_regex():
         None,
         12,
         b"<tool_call>{}</tool_call>",
-        "\ud800<tool_call>\n{\"name\": \"\udfff\", \"arguments\": {\"x\": \"\ud83d\"}}\n</tool_call>",
-        "<tool_call>\x00{\"name\": 1}</tool_call>",
+        '\ud800<tool_call>\n{"name": "\udfff", "arguments": {"x": "\ud83d"}}\n</tool_call>',
+        '<tool_call>\x00{"name": 1}</tool_call>',
         "<tool_call>" * 5000,
     ],
 )
@@ -340,8 +344,7 @@ def test_python_buried_calls_and_xml_tags_are_errors_in_strict_mode():
     xml = parse_python_calls(block('{"name": "cd", "arguments": {}}'))
     assert xml.errors == [ERR_PY_XML_TAGS]
     assert ERR_PY_XML_TAGS == (
-        "This prompt format expects a Python function-call list like [func_name(arg=value)], "
-        "not <tool_call> tags."
+        "This prompt format expects a Python function-call list like [func_name(arg=value)], not <tool_call> tags."
     )
     assert parse_python_calls("I will now run [cd(folder='doc')]", strict=False).errors == []
 

@@ -74,8 +74,10 @@ def test_torch_builtin_attention_needs_nothing():
     [
         ({"torch_cuda": None, "driver": None, "init_error": None}, "is a CPU build"),
         ({"torch_cuda": "13.0", "driver": "550.54.15", "init_error": None}, "needs driver >= 580"),
-        ({"torch_cuda": "13.0", "driver": "575.57.08", "init_error": "The NVIDIA driver on your system is too old"},
-         "needs driver >= 580"),
+        (
+            {"torch_cuda": "13.0", "driver": "575.57.08", "init_error": "The NVIDIA driver on your system is too old"},
+            "needs driver >= 580",
+        ),
         ({"torch_cuda": "12.8", "driver": "570.1", "init_error": "CUDA unknown error"}, "does not initialise"),
         ({"torch_cuda": "13.0", "driver": "580.65.06", "init_error": None}, None),
         ({"torch_cuda": "12.8", "driver": "550.54.15", "init_error": None}, None),
@@ -104,8 +106,10 @@ def test_probe_reads_the_driver_from_nvidia_smi_and_the_reason_from_cuda_init(mo
 
     monkeypatch.setattr(torch.cuda, "init", init)
     probe = node_checks.probe_cuda()
-    assert (probe["driver"], probe["init_error"]) == ("550.54.15", "The NVIDIA driver on your system is too old "
-                                                                   "(found version 12040).")
+    assert (probe["driver"], probe["init_error"]) == (
+        "550.54.15",
+        "The NVIDIA driver on your system is too old (found version 12040).",
+    )
     assert "needs driver >= 580" in node_checks.cuda_problem(**probe)
 
 
@@ -154,7 +158,11 @@ def test_padding_removal_that_would_mix_sequences_is_refused(several, no_packed_
     "overrides",
     [
         [SDPA],  # the recipe's one sequence per micro-batch: nothing is packed together
-        [SDPA, "actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"],
+        [
+            SDPA,
+            "actor_rollout_ref.model.use_remove_padding=false",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        ],
         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"],  # flash attention separates packed sequences
     ],
 )

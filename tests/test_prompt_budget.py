@@ -57,8 +57,9 @@ def test_preflight_refuses_a_recipe_whose_first_prompts_do_not_fit():
     assert "in train mode needs" in message and "in validate mode needs" in message
     assert "stand-in tokenizer" in message  # says the count is an estimate, and why
     # the check can be switched off (a long data set, a user who knows): then nothing about prompts is said
-    off = compose_recipe(str(REPO / "exp" / "toolace2_8b.yaml"),
-                         ["data.max_prompt_length=8192", "seal.preflight.prompt_budget=false"])
+    off = compose_recipe(
+        str(REPO / "exp" / "toolace2_8b.yaml"), ["data.max_prompt_length=8192", "seal.preflight.prompt_budget=false"]
+    )
     try:
         preflight(off)
     except PreflightError as exc:
@@ -79,8 +80,9 @@ def test_the_model_own_tokenizer_counts_exactly_and_the_stand_in_adds_its_margin
 def test_piecewise_count_equals_a_direct_count(tokenizer):
     counter = prompt_budget.TokenCounter(tokenizer)
     env = _cues_on({"tool_prompt_mode": "toolace_llama"})
-    for _, _, messages in prompt_budget.first_prompts(env, [("multi_turn_long_context_3", "train"),
-                                                            ("multi_turn_miss_func_7", "validate")]):
+    for _, _, messages in prompt_budget.first_prompts(
+        env, [("multi_turn_long_context_3", "train"), ("multi_turn_miss_func_7", "validate")]
+    ):
         text = counter.render(messages)
         assert counter.pieces(text) == counter.direct(text) > 1000
 
@@ -91,4 +93,6 @@ def test_capability_cues_are_counted_at_their_longest():
     assert len(profile["tags"]) == 3  # max_lines
     [(_, _, with_cues)] = prompt_budget.first_prompts(env, [("multi_turn_base_0", "train")], profile)
     [(_, _, without)] = prompt_budget.first_prompts(env, [("multi_turn_base_0", "train")])
-    assert "Behavioral guidelines" in with_cues[0]["content"] and len(with_cues[0]["content"]) > len(without[0]["content"])
+    assert "Behavioral guidelines" in with_cues[0]["content"] and len(with_cues[0]["content"]) > len(
+        without[0]["content"]
+    )

@@ -32,8 +32,10 @@ RELEASED_RECIPE = {
     "model.use_remove_padding": ("actor_rollout_ref.model.use_remove_padding", True),
     "model.enable_gradient_checkpointing": ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
     # upstream left it to verl's default (flash attention); named here so the GPU install and preflight can see it
-    "model.override_config.attn_implementation": ("actor_rollout_ref.model.override_config.attn_implementation",
-                                                  "flash_attention_2"),
+    "model.override_config.attn_implementation": (
+        "actor_rollout_ref.model.override_config.attn_implementation",
+        "flash_attention_2",
+    ),
     "rollout.name": ("actor_rollout_ref.rollout.name", "vllm"),
     "rollout.mode": ("actor_rollout_ref.rollout.mode", "async"),
     "rollout.temperature": ("actor_rollout_ref.rollout.temperature", 1.0),
@@ -100,8 +102,14 @@ RELEASED_RECIPE = {
     "env_service.bfcl.tool_prompt_mode": ("env_service.bfcl.tool_prompt_mode", "bfcl_qwen_fc"),
     "env_service.bfcl.tool_result_mode": ("env_service.bfcl.tool_result_mode", "bfcl_tool_response"),
     "env_service.bfcl.observation_lite.enable": ("env_service.bfcl.observation_lite.enable", True),
-    "env_service.bfcl.observation_lite.apply_to_validation": ("env_service.bfcl.observation_lite.apply_to_validation", False),
-    "env_service.bfcl.observation_lite.add_required_hint": ("env_service.bfcl.observation_lite.add_required_hint", True),
+    "env_service.bfcl.observation_lite.apply_to_validation": (
+        "env_service.bfcl.observation_lite.apply_to_validation",
+        False,
+    ),
+    "env_service.bfcl.observation_lite.add_required_hint": (
+        "env_service.bfcl.observation_lite.add_required_hint",
+        True,
+    ),
     "env_service.bfcl.observation_lite.add_type_hint": ("env_service.bfcl.observation_lite.add_type_hint", False),
     "env_service.bfcl.observation_lite.add_enum_hint": ("env_service.bfcl.observation_lite.add_enum_hint", True),
     "env_service.bfcl.observation_lite.hide_optional": ("env_service.bfcl.observation_lite.hide_optional", False),
@@ -121,8 +129,15 @@ RELEASED_RECIPE = {
     "tocf.apatch.dynamic.confidence_samples": ("seal.apatch.dynamic.confidence_samples", 32),
     "tocf.apatch.tag_weights": (
         "seal.apatch.tag_weights",
-        {"spurious_tool_call": 2.0, "correct_abstention": 1.8, "empty_turn_model_response": 1.5, "state_mismatch": 1.0,
-         "response_mismatch": 0.9, "instance_mismatch": 0.6, "pass": 1.0},
+        {
+            "spurious_tool_call": 2.0,
+            "correct_abstention": 1.8,
+            "empty_turn_model_response": 1.5,
+            "state_mismatch": 1.0,
+            "response_mismatch": 0.9,
+            "instance_mismatch": 0.6,
+            "pass": 1.0,
+        },
     ),
 }
 
@@ -138,14 +153,26 @@ NOT_APPLICABLE = {
 
 # The paper's ablations: the switches each ablation flips relative to full SEAL (plus its experiment name and derived paths).
 ABLATIONS = {
-    "vanilla_rl": {"env_service.bfcl.observation_lite.enable": False, "seal.diagnosis.enable": False,
-                   "seal.apatch.enable": False, "seal.apatch.dynamic.enable": False},
+    "vanilla_rl": {
+        "env_service.bfcl.observation_lite.enable": False,
+        "seal.diagnosis.enable": False,
+        "seal.apatch.enable": False,
+        "seal.apatch.dynamic.enable": False,
+    },
     "wo_env_adaptation": {"env_service.bfcl.observation_lite.enable": False},
     "wo_reweighting": {"seal.apatch.enable": False, "seal.apatch.dynamic.enable": False},
     "wo_closed_loop": {"seal.apatch.dynamic.enable": False},
 }
-NAME_DERIVED = ("trainer.experiment_name", "actor_rollout_ref.rollout.trace.experiment_name", "trainer.default_local_dir", "trainer.rollout_data_dir",
-                "trainer.validation_data_dir", "seal.run_dir", "seal.diagnosis.state_dir", "seal.diagnosis.dump_dir")
+NAME_DERIVED = (
+    "trainer.experiment_name",
+    "actor_rollout_ref.rollout.trace.experiment_name",
+    "trainer.default_local_dir",
+    "trainer.rollout_data_dir",
+    "trainer.validation_data_dir",
+    "seal.run_dir",
+    "seal.diagnosis.state_dir",
+    "seal.diagnosis.dump_dir",
+)
 
 
 def flatten(cfg, prefix=""):
@@ -201,15 +228,23 @@ def test_backbone_variants_swap_only_the_model_and_its_format():
         "qwen2.5_3b": {"actor_rollout_ref.model.path"},
         # ToolACE's tool docs need a longer prompt budget and, by as much, a longer context (tests/test_prompt_budget.py)
         # ... and bfcl's Llama format: its prompt template, ipython tool results, <|eot_id|> ending a turn
-        "toolace2_8b": {"actor_rollout_ref.model.path", "env_service.bfcl.tool_prompt_mode", "data.max_prompt_length",
-                        "actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.model.custom_chat_template",
-                        "env_service.bfcl.tool_result_mode", "seal.rollout.end_of_turn_token"},
+        "toolace2_8b": {
+            "actor_rollout_ref.model.path",
+            "env_service.bfcl.tool_prompt_mode",
+            "data.max_prompt_length",
+            "actor_rollout_ref.rollout.max_model_len",
+            "actor_rollout_ref.model.custom_chat_template",
+            "env_service.bfcl.tool_result_mode",
+            "seal.rollout.end_of_turn_token",
+        },
     }.items():
         served = "actor_rollout_ref.rollout.prometheus.served_model_name"  # verl derives it from model.path
         changed = changed | {served}
         if "data.max_prompt_length" in changed:  # verl interpolates the prompt length from it
-            changed |= {"actor_rollout_ref.rollout.prompt_length",
-                        "distillation.teacher_models.teacher_model.inference.prompt_length"}
+            changed |= {
+                "actor_rollout_ref.rollout.prompt_length",
+                "distillation.teacher_models.teacher_model.inference.prompt_length",
+            }
         variant = flatten(resolved(name))
         assert {k for k in base if base[k] != variant[k]} - set(NAME_DERIVED) == changed
 
@@ -235,7 +270,9 @@ def test_preflight_names_every_problem_of_a_gpu_recipe_on_this_cpu_machine(tmp_p
 
 
 def test_preflight_refuses_switches_that_would_silently_do_nothing_or_harm():
-    with pytest.raises(ConfigCompositionException, match="seal.reward.cap_decay"):  # the option no grader could use is gone
+    with pytest.raises(
+        ConfigCompositionException, match="seal.reward.cap_decay"
+    ):  # the option no grader could use is gone
         compose_recipe(str(ROOT / "exp" / "SEAL.yaml"), ["seal.reward.cap_decay=true"])
     cfg = compose_recipe(str(ROOT / "exp" / "SEAL.yaml"), ["+trainer.max_actor_ckpt_to_keep=2"])
     with pytest.raises(PreflightError) as err:

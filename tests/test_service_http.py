@@ -77,7 +77,9 @@ def test_gt_episode_roundtrip_matches_episode(client):
     evaluation = client.evaluate(instance_id)
     assert evaluation["valid"] is True and evaluation["reward"] == 1.0
     assert evaluation == replay.replay_ground_truth(task).to_dict() | {
-        "num_turns": evaluation["num_turns"], "num_steps": len(steps)}
+        "num_turns": evaluation["num_turns"],
+        "num_steps": len(steps),
+    }
     # evaluate with a per-call reward config, then release exactly once
     capped = client.evaluate(instance_id, {"mode": "capped", "partial_credit_cap": 0.5})
     assert capped["valid"] is True
@@ -157,14 +159,29 @@ def test_retried_create_with_same_id_returns_the_same_episode(client):
 
 BAD_REQUESTS = [
     # (path, raw body, content type, status, needles in detail)
-    ("/create", {"task_id": "multi_turn_base_999", "mode": "train"}, None, 404,
-     ["unknown task_id", "multi_turn_<category>_<index>"]),
+    (
+        "/create",
+        {"task_id": "multi_turn_base_999", "mode": "train"},
+        None,
+        404,
+        ["unknown task_id", "multi_turn_<category>_<index>"],
+    ),
     ("/create", {"task_id": "nope", "mode": "train"}, None, 404, ["unknown task_id"]),
     ("/create", {"task_id": TASK, "mode": "sample"}, None, 422, ["mode", "'train' or 'validate'"]),
-    ("/create", {"task_id": TASK, "mode": "train", "params": {"observation_lite": {"enabel": True}}},
-     None, 422, ["enabel", "allowed keys"]),
-    ("/create", {"task_id": TASK, "mode": "train", "params": {"strict_tool_parser": "yes"}}, None, 422,
-     ["strict_tool_parser", "boolean"]),
+    (
+        "/create",
+        {"task_id": TASK, "mode": "train", "params": {"observation_lite": {"enabel": True}}},
+        None,
+        422,
+        ["enabel", "allowed keys"],
+    ),
+    (
+        "/create",
+        {"task_id": TASK, "mode": "train", "params": {"strict_tool_parser": "yes"}},
+        None,
+        422,
+        ["strict_tool_parser", "boolean"],
+    ),
     ("/create", {"task_id": TASK, "mode": "train", "params": [1, 2]}, None, 422, ["params"]),
     ("/create", {"task_id": 17, "mode": "train"}, None, 422, ["task_id", "string"]),
     ("/create", {"mode": "train"}, None, 422, ["task_id", "required"]),
@@ -180,8 +197,13 @@ BAD_REQUESTS = [
     ("/step", b"not json at all", None, 422, ["malformed JSON"]),
     ("/step", b"[1, 2, 3]", None, 422, ["must be a JSON object"]),
     ("/step", b'{"instance_id": "x", "content": "\xff\xfe\x80"}', None, 400, ["UTF-8"]),
-    ("/step", json.dumps({"instance_id": "x", "content": "hi"}).encode(), "text/plain", 422,
-     ["Content-Type: application/json"]),
+    (
+        "/step",
+        json.dumps({"instance_id": "x", "content": "hi"}).encode(),
+        "text/plain",
+        422,
+        ["Content-Type: application/json"],
+    ),
     ("/step", b"[" * 10_000 + b"]" * 10_000, None, 400, []),
     ("/evaluate", {"instance_id": "never-created"}, None, 404, ["unknown instance_id"]),
     ("/evaluate", {"instance_id": "x", "reward": "binary"}, None, 422, ["reward"]),
@@ -191,8 +213,11 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("path,body,content_type,status,needles", BAD_REQUESTS,
-                         ids=[f"{i}-{r[0]}-{r[3]}" for i, r in enumerate(BAD_REQUESTS)])
+@pytest.mark.parametrize(
+    "path,body,content_type,status,needles",
+    BAD_REQUESTS,
+    ids=[f"{i}-{r[0]}-{r[3]}" for i, r in enumerate(BAD_REQUESTS)],
+)
 def test_bad_requests_get_actionable_4xx(server, path, body, content_type, status, needles):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     assert_clean_error(post_raw(server, path, raw, content_type or "application/json"), status, *needles)
@@ -200,26 +225,33 @@ def test_bad_requests_get_actionable_4xx(server, path, body, content_type, statu
 
 def test_invalid_reward_config_names_the_key(client, server):
     instance_id = client.create(TASK, "validate")["instance_id"]
-    response = requests.post(f"{server.url}/evaluate", timeout=10,
-                             json={"instance_id": instance_id, "reward": {"mode": "dense"}})
+    response = requests.post(
+        f"{server.url}/evaluate", timeout=10, json={"instance_id": instance_id, "reward": {"mode": "dense"}}
+    )
     assert_clean_error(response, 422, "reward.mode", "binary")
-    response = requests.post(f"{server.url}/evaluate", timeout=10,
-                             json={"instance_id": instance_id, "reward": {"cap": 0.1}})
+    response = requests.post(
+        f"{server.url}/evaluate", timeout=10, json={"instance_id": instance_id, "reward": {"cap": 0.1}}
+    )
     assert_clean_error(response, 422, "'cap'")
     client.release(instance_id)
 
 
 def test_oversize_content_and_body(server, client):
     instance_id = client.create(TASK, "validate")["instance_id"]
-    ok = requests.post(f"{server.url}/step", timeout=30,
-                       json={"instance_id": instance_id, "content": "a" * MAX_CONTENT_BYTES})
+    ok = requests.post(
+        f"{server.url}/step", timeout=30, json={"instance_id": instance_id, "content": "a" * MAX_CONTENT_BYTES}
+    )
     assert ok.status_code == 200, ok.text[:300]
-    too_big = requests.post(f"{server.url}/step", timeout=30,
-                            json={"instance_id": instance_id, "content": "a" * (MAX_CONTENT_BYTES + 1)})
+    too_big = requests.post(
+        f"{server.url}/step", timeout=30, json={"instance_id": instance_id, "content": "a" * (MAX_CONTENT_BYTES + 1)}
+    )
     assert_clean_error(too_big, 413, "256 KiB", "truncate")
     # Multi-byte characters count as bytes, not characters.
-    wide = requests.post(f"{server.url}/step", timeout=30,
-                         json={"instance_id": instance_id, "content": "é" * (MAX_CONTENT_BYTES // 2 + 1)})
+    wide = requests.post(
+        f"{server.url}/step",
+        timeout=30,
+        json={"instance_id": instance_id, "content": "é" * (MAX_CONTENT_BYTES // 2 + 1)},
+    )
     assert_clean_error(wide, 413, "bytes")
     body = post_raw(server, "/step", b'{"instance_id": "x", "content": "' + b"a" * MAX_BODY_BYTES + b'"}')
     assert_clean_error(body, 413, "request body exceeds")

@@ -37,14 +37,16 @@ def _wrong_variants(task_id: str, k: int) -> list[str]:
     if kind == 2:  # unparseable tool calls instead of the GT (parse errors)
         return [MALFORMED_CALL if is_call else m for m, is_call in zip(messages, calls)]
     last_call = max(i for i, is_call in enumerate(calls) if is_call)  # drop the last turn's calls
-    return messages[:last_call] + messages[last_call + 1:]
+    return messages[:last_call] + messages[last_call + 1 :]
 
 
 def _plan() -> list[tuple[str, list[str], bool]]:
     """(task id, assistant messages, expected to be valid) for 64 GT + 8 wrong episodes."""
     ids = tasks.task_ids("heldout")
-    by_cat = {c: [t for t in ids if t.startswith(f"multi_turn_{c}_") and t not in replay.EXPECTED_FAILURES]
-              for c in tasks.CATEGORIES}
+    by_cat = {
+        c: [t for t in ids if t.startswith(f"multi_turn_{c}_") and t not in replay.EXPECTED_FAILURES]
+        for c in tasks.CATEGORIES
+    }
     gt_ids = [by_cat[c][i] for i in range(N_GT // 4) for c in tasks.CATEGORIES]
     wrong_ids = [by_cat[c][N_GT // 4 + i] for i in range(2) for c in tasks.CATEGORIES]
     plan = [(t, replay.ground_truth_messages(tasks.load_task(t)), True) for t in gt_ids]
@@ -58,8 +60,14 @@ def _strip_ids(created: dict) -> dict:
     return {"messages": created["messages"], "info": info}
 
 
-def _run_episode(client, task_id: str, messages: list[str], instance_id: str | None = None,
-                 created: dict | None = None, start: threading.Barrier | None = None) -> dict:
+def _run_episode(
+    client,
+    task_id: str,
+    messages: list[str],
+    instance_id: str | None = None,
+    created: dict | None = None,
+    start: threading.Barrier | None = None,
+) -> dict:
     created = created or client.create(task_id, "validate", {}, instance_id=instance_id)
     if start is not None:
         start.wait(timeout=120)
@@ -93,8 +101,7 @@ def test_72_concurrent_episodes_match_sequential_in_process(server):
     # Phase 2: all threads start stepping at the same moment, then evaluate.
     start = threading.Barrier(n)
     with ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_run_episode, client, t, msgs, None, c, start)
-                   for (t, msgs, _), c in zip(plan, created)]
+        futures = [pool.submit(_run_episode, client, t, msgs, None, c, start) for (t, msgs, _), c in zip(plan, created)]
         concurrent = [f.result(timeout=300) for f in futures]
     assert client.health()["live"] == stats0["live"] + n  # nothing released or reclaimed behind our back
 
@@ -156,8 +163,10 @@ def test_release_racing_steps_gives_only_clean_answers(server):
             instance_id = client.create(task_id, "validate")["instance_id"]
             start = threading.Barrier(2)
             messages = replay.ground_truth_messages(tasks.load_task(task_id))
-            futures += [pool.submit(hammer, instance_id, messages, start),
-                        pool.submit(release_soon, instance_id, start)]
+            futures += [
+                pool.submit(hammer, instance_id, messages, start),
+                pool.submit(release_soon, instance_id, start),
+            ]
         for future in futures:
             future.result(timeout=120)
     # Unknown instance (released) or conflict (stepped after termination) only; never a 500.

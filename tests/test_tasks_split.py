@@ -26,7 +26,33 @@ DATA = ROOT / "data"
 
 # The released split procedure, quoted verbatim.
 BASE_TRAIN_PREFIX = [0, 2, 3, 5, 10, 12, 13, 14, 15, 16, 18, 19, 27]
-BASE_VAL = [4, 9, 21, 29, 34, 48, 77, 81, 82, 98, 99, 120, 124, 127, 131, 132, 134, 138, 149, 164, 169, 174, 178, 183, 198]
+BASE_VAL = [
+    4,
+    9,
+    21,
+    29,
+    34,
+    48,
+    77,
+    81,
+    82,
+    98,
+    99,
+    120,
+    124,
+    127,
+    131,
+    132,
+    134,
+    138,
+    149,
+    164,
+    169,
+    174,
+    178,
+    183,
+    198,
+]
 PYTHON_HINT = "Note that the provided function is in Python 3 syntax"
 
 
@@ -72,7 +98,7 @@ def test_miss_func_holdouts_are_removed_from_visible_functions():
     for task_id in all_task_ids("miss_func"):
         task = load_task(task_id)
         assert len(task.holdout_functions) == 1
-        (turn, docs), = task.holdout_functions.items()
+        ((turn, docs),) = task.holdout_functions.items()
         visible = {doc["name"] for doc in task.functions}
         assert docs and not visible & {doc["name"] for doc in docs}
         assert task.question[turn] == []  # the holdout turn has no user text
@@ -102,9 +128,7 @@ def test_load_task_returns_independent_copies():
         second.id = "other"  # frozen
 
 
-@pytest.mark.parametrize(
-    "bad", ["multi_turn_base_200", "multi_turn_unknown_1", "base_1", "", "multi_turn_base_x"]
-)
+@pytest.mark.parametrize("bad", ["multi_turn_base_200", "multi_turn_unknown_1", "base_1", "", "multi_turn_base_x"])
 def test_unknown_task_ids(bad):
     with pytest.raises(KeyError, match="unknown task id"):
         load_task(bad)
@@ -211,8 +235,9 @@ def test_parquet_schema_and_rows(file_name, split_name):
 def test_bfcl_writes_only_under_the_scratch_root():
     import os
 
-    from env_service import _bfcl  # noqa: F401
     from bfcl_eval.constants import eval_config
+
+    from env_service import _bfcl  # noqa: F401
 
     assert eval_config.PROJECT_ROOT == Path(os.environ["BFCL_PROJECT_ROOT"])
     assert "site-packages" not in str(eval_config.PROJECT_ROOT)

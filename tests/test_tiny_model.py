@@ -18,7 +18,6 @@ from seal.cpu.tiny_model import (  # noqa: E402
 )
 
 
-
 def test_special_token_ids_match_qwen25(tokenizer):
     expected = {
         "<|endoftext|>": 151643,
@@ -49,9 +48,7 @@ def test_chat_template_system_user_generation_prompt(tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\nHi there<|im_end|>\n"
-        "<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     )
 
 

@@ -12,9 +12,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
-
 from bfcl_eval.model_handler.local_inference.llama import LlamaHandler
+from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -69,15 +68,23 @@ class ScriptedServer:
 
         self.prompts.append(list(prompt_ids))
         text = self.replies.pop(0) if self.replies else ""
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|eot_id|>")]
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [
+            self.tokenizer.convert_tokens_to_ids("<|eot_id|>")
+        ]
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
 
 
 def run_loop(config, tokenizer, server):
     async def go():
-        loop = BfclAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
-                             processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
-                             hf_model_type="llama")
+        loop = BfclAgentLoop(
+            trainer_config=DictConfigWrap(config),
+            server_manager=server,
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(config.data),
+            hf_model_type="llama",
+        )
         params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
         extra = {"task_id": TASK, "split": "val", "category": "base"}
         return await loop.run(params, extra_info=extra, raw_prompt=[])
@@ -94,8 +101,9 @@ def test_first_prompt_is_bfcl_llama_prompt_token_for_token(config, llama_tokeniz
     assert "Cutting Knowledge Date" not in llama_tokenizer.decode(ids)
 
 
-@pytest.mark.parametrize("call", ["[get_stock_info(symbol='ZETA')]",
-                                  "[get_stock_info(symbol='ZETA'), get_stock_info(symbol='AAPL')]"])
+@pytest.mark.parametrize(
+    "call", ["[get_stock_info(symbol='ZETA')]", "[get_stock_info(symbol='ZETA'), get_stock_info(symbol='AAPL')]"]
+)
 def test_tool_results_come_back_as_ipython_turns_and_turns_end_with_eot(config, llama_tokenizer, call):
     server = ScriptedServer(llama_tokenizer, [call, ""])
     out = run_loop(config, llama_tokenizer, server)
@@ -104,10 +112,12 @@ def test_tool_results_come_back_as_ipython_turns_and_turns_end_with_eot(config, 
     second = llama_tokenizer.decode(server.prompts[1])
     # what bfcl shows the model after its call: the history, the call as an assistant turn, each result as ipython
     created = InProcessEnvClient().create(TASK, "validate", OmegaConf.to_container(config.env_service.bfcl))
-    result_text = second[len(first) + len(call) + len("<|eot_id|>"):]
+    result_text = second[len(first) + len(call) + len("<|eot_id|>") :]
     assert result_text.startswith("<|start_header_id|>ipython<|end_header_id|>\n\n")
-    results = [part.split("<|end_header_id|>\n\n", 1)[1].split("<|eot_id|>")[0]
-               for part in result_text.split("<|start_header_id|>ipython")[1:]]
+    results = [
+        part.split("<|end_header_id|>\n\n", 1)[1].split("<|eot_id|>")[0]
+        for part in result_text.split("<|start_header_id|>ipython")[1:]
+    ]
     history = bfcl_history_with_results(created["messages"] + [{"role": "assistant", "content": call}], results)
     assert second == bfcl_prompt(history)
     assert len(results) == call.count("get_stock_info(")  # one ipython turn per result, as bfcl sends them

@@ -37,7 +37,10 @@ def run_dirs(tmp: Path) -> dict[str, Path]:
 def launcher_cmd(tmp: Path, *extra: str) -> list[str]:
     d = run_dirs(tmp)
     return [
-        sys.executable, str(REPO / "launcher.py"), "--conf", str(REPO / "exp" / "cpu_tiny.yaml"),
+        sys.executable,
+        str(REPO / "launcher.py"),
+        "--conf",
+        str(REPO / "exp" / "cpu_tiny.yaml"),
         f"trainer.default_local_dir={d['ckpt']}",
         f"seal.run_dir={d['run']}",  # diagnosis, logs, tables and plots all follow it
         f"env_service.port={free_port()}",
@@ -47,8 +50,14 @@ def launcher_cmd(tmp: Path, *extra: str) -> list[str]:
 
 def launch(tmp: Path, *extra: str, log_name: str) -> subprocess.Popen:
     log = open(tmp / log_name, "w")
-    return subprocess.Popen(launcher_cmd(tmp, *extra), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        launcher_cmd(tmp, *extra),
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def stop_ray() -> None:
@@ -74,7 +83,9 @@ def resumed_run(tmp_path_factory):
     deadline = time.monotonic() + 900
     while not marker.exists():
         if run_a.poll() is not None:
-            pytest.fail(f"run A exited ({run_a.returncode}) before its first checkpoint:\n{(tmp / 'run_a.log').read_text()[-4000:]}")
+            pytest.fail(
+                f"run A exited ({run_a.returncode}) before its first checkpoint:\n{(tmp / 'run_a.log').read_text()[-4000:]}"
+            )
         if time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -140,8 +151,11 @@ def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_
 
 def metric_values(log: str, key: str) -> list[float]:
     """Values of ``key`` in verl's console metric lines (``key:value`` pairs, numpy scalars included)."""
-    return [float(line.split(f"{key}:")[1].split()[0].strip("np.float64()int"))
-            for line in log.splitlines() if f"{key}:" in line]
+    return [
+        float(line.split(f"{key}:")[1].split()[0].removeprefix("np.").split("(")[-1].rstrip(")"))
+        for line in log.splitlines()
+        if f"{key}:" in line
+    ]
 
 
 def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_workers(tmp_path):
@@ -158,12 +172,21 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
 
     train = with_unknown_task("cpu_tiny_train.parquet", tmp_path / "train.parquet")
     val = with_unknown_task("cpu_tiny_heldout.parquet", tmp_path / "val.parquet")
-    proc = launch(tmp_path, f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=2",
-                  "actor_rollout_ref.rollout.agent.num_workers=2", "trainer.total_training_steps=1",
-                  "trainer.test_freq=0", "trainer.save_freq=0", "seal.checkpoint.save_best=false",
-                  "seal.rollout.episode_retries=0", "seal.validation.max_env_failure_share=1.0",
-                  "seal.preflight.prompt_budget=false",  # preflight would refuse the unknown task: the run-time path is tested
-                  log_name="unknown.log")
+    proc = launch(
+        tmp_path,
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        "trainer.total_training_steps=1",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "seal.checkpoint.save_best=false",
+        "seal.rollout.episode_retries=0",
+        "seal.validation.max_env_failure_share=1.0",
+        "seal.preflight.prompt_budget=false",  # preflight would refuse the unknown task: the run-time path is tested
+        log_name="unknown.log",
+    )
     rc = wait(proc, 900)
     log = (tmp_path / "unknown.log").read_text()
     assert rc == 0, log[-6000:]
@@ -176,8 +199,12 @@ def test_environment_service_dying_mid_rollout_fails_episodes_cleanly(tmp_path):
     """Kill the service during the first training rollout: episodes fail after bounded retries, are kept out
     of the loss and counted, and the step still completes."""
     port = free_port()
-    service = subprocess.Popen([sys.executable, "-m", "env_service", "serve", "--port", str(port)], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    service = subprocess.Popen(
+        [sys.executable, "-m", "env_service", "serve", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         from env_service.client import EnvClient
@@ -189,11 +216,20 @@ def test_environment_service_dying_mid_rollout_fails_episodes_cleanly(tmp_path):
                 break
             except Exception:
                 time.sleep(0.3)
-        proc = launch(tmp_path, f"env_service.url={url}", "trainer.val_before_train=false", "trainer.test_freq=0",
-                      "trainer.total_training_steps=1", "seal.checkpoint.save_best=false", "trainer.save_freq=0",
-                      "seal.rollout.episode_retries=1", "env_service.retries=0", "env_service.timeout_s=5",
-                      "actor_rollout_ref.rollout.agent.num_workers=2",  # as on GPU: chunks from two workers
-                      log_name="fault.log")
+        proc = launch(
+            tmp_path,
+            f"env_service.url={url}",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=0",
+            "trainer.total_training_steps=1",
+            "seal.checkpoint.save_best=false",
+            "trainer.save_freq=0",
+            "seal.rollout.episode_retries=1",
+            "env_service.retries=0",
+            "env_service.timeout_s=5",
+            "actor_rollout_ref.rollout.agent.num_workers=2",  # as on GPU: chunks from two workers
+            log_name="fault.log",
+        )
         # wait until the rollout has started talking to the service, then kill it
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and client.health().get("created", 0) < 1:

@@ -22,9 +22,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def make_trainer(tmp_path, *overrides, steps_per_epoch=2):
-    cfg = compose_recipe(str(REPO / "exp" / "cpu_tiny.yaml"), [
-        "env_service.url=inprocess", f"seal.run_dir={tmp_path}", f"seal.diagnosis.state_dir={tmp_path}/state",
-        f"seal.diagnosis.dump_dir={tmp_path}/stats", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
+    cfg = compose_recipe(
+        str(REPO / "exp" / "cpu_tiny.yaml"),
+        [
+            "env_service.url=inprocess",
+            f"seal.run_dir={tmp_path}",
+            f"seal.diagnosis.state_dir={tmp_path}/state",
+            f"seal.diagnosis.dump_dir={tmp_path}/stats",
+            f"trainer.default_local_dir={tmp_path}/ckpt",
+            *overrides,
+        ],
+    )
     OmegaConf.resolve(cfg)
     trainer = SealTrainer.__new__(SealTrainer)  # the SEAL parts only: no Ray workers behind this trainer
     trainer.config, trainer.train_dataloader, trainer.global_steps = cfg, [None] * steps_per_epoch, 1
@@ -49,8 +57,12 @@ def make_batch(rows, response_len=6):
     advantages, _ = compute_grpo_outcome_advantage(scores, mask, alone)
     obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # noqa: E731 - keep lists as objects
     return DataProto.from_dict(
-        tensors={"token_level_scores": scores, "token_level_rewards": scores, "response_mask": mask,
-                 "advantages": verl_advantages.clone()},
+        tensors={
+            "token_level_scores": scores,
+            "token_level_rewards": scores,
+            "response_mask": mask,
+            "advantages": verl_advantages.clone(),
+        },
         non_tensors={
             "uid": index,
             "seal_task_id": np.array([f"multi_turn_base_{r[0]}" for r in rows], dtype=object),
@@ -109,8 +121,9 @@ def test_paper_label_vocabulary_drives_apatch_when_selected(tmp_path):
 
 
 def test_vanilla_recipe_leaves_verl_advantages_untouched(tmp_path):
-    trainer = make_trainer(tmp_path, "seal.diagnosis.enable=false", "seal.apatch.enable=false",
-                           "seal.apatch.dynamic.enable=false")
+    trainer = make_trainer(
+        tmp_path, "seal.diagnosis.enable=false", "seal.apatch.enable=false", "seal.apatch.dynamic.enable=false"
+    )
     batch, grpo = make_batch(ROWS)
     trainer._seal_step(batch)
     assert torch.equal(batch.batch["advantages"], grpo)
@@ -159,8 +172,12 @@ def _fresh_inprocess_env():
 
 
 def test_budget_knob_from_the_recipe_reaches_apatch(tmp_path):
-    trainer = make_trainer(tmp_path, "seal.apatch.dynamic.enable=false", "seal.apatch.budget.enable=true",
-                           "seal.apatch.budget.strength=0.5")
+    trainer = make_trainer(
+        tmp_path,
+        "seal.apatch.dynamic.enable=false",
+        "seal.apatch.budget.enable=true",
+        "seal.apatch.budget.strength=0.5",
+    )
     batch, grpo = make_batch(ROWS)
     trainer._seal_step(batch)
     for i in (0, 3):  # static scales 1.267 and 1.5 -> pulled halfway to 1

@@ -11,12 +11,11 @@ import re
 from collections import Counter
 
 import pytest
-
-from env_service import _bfcl  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as mtu
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import long_context as lc_module
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
+from env_service import _bfcl  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
 from env_service.calls import ToolCall, format_call_string, parse_call_string
 from env_service.config import RewardConfig
 from env_service.tasks import CATEGORIES, all_task_ids, load_task
@@ -234,15 +233,50 @@ def _base0_with(turn_index: int, call_strings: list[str], **record_fields) -> li
     "turn, calls, fields, tag, label",
     [
         # grep with a wrong required value: right tool, wrong argument
-        (1, ["cd(folder='temp')", "grep(file_name='final_report.pdf',pattern='xyz')"], {}, "response_mismatch", "argument_mismatch"),
+        (
+            1,
+            ["cd(folder='temp')", "grep(file_name='final_report.pdf',pattern='xyz')"],
+            {},
+            "response_mismatch",
+            "argument_mismatch",
+        ),
         # an unexpected keyword argument (TypeError) on a GT function
-        (1, ["cd(folder='temp')", "grep(file_name='final_report.pdf',pattern='budget analysis',flags='-i')"], {}, "response_mismatch", "argument_mismatch"),
+        (
+            1,
+            ["cd(folder='temp')", "grep(file_name='final_report.pdf',pattern='budget analysis',flags='-i')"],
+            {},
+            "response_mismatch",
+            "argument_mismatch",
+        ),
         # an extra state-changing call: interaction otherwise right
-        (0, ["cd(folder='document')", "mkdir(dir_name='temp')", "mkdir(dir_name='extra')", "mv(source='final_report.pdf', destination='temp')"], {}, "state_mismatch", "state_mismatch"),
+        (
+            0,
+            [
+                "cd(folder='document')",
+                "mkdir(dir_name='temp')",
+                "mkdir(dir_name='extra')",
+                "mv(source='final_report.pdf', destination='temp')",
+            ],
+            {},
+            "state_mismatch",
+            "state_mismatch",
+        ),
         # a tool that does not exist
-        (1, ["cd(folder='temp')", "search_text(file_name='final_report.pdf')"], {}, "response_mismatch", "invalid_tool_call"),
+        (
+            1,
+            ["cd(folder='temp')", "search_text(file_name='final_report.pdf')"],
+            {},
+            "response_mismatch",
+            "invalid_tool_call",
+        ),
         # the parser rejected the model's only attempt
-        (1, [], {"parse_errors": ["Invalid tool call JSON: Expecting value: line 1 column 1 (char 0)"]}, "empty_turn_model_response", "invalid_tool_call"),
+        (
+            1,
+            [],
+            {"parse_errors": ["Invalid tool call JSON: Expecting value: line 1 column 1 (char 0)"]},
+            "empty_turn_model_response",
+            "invalid_tool_call",
+        ),
         # a call rejected as unavailable
         (1, [], {"rejected_calls": [ToolCall("grep", {})]}, "empty_turn_model_response", "invalid_tool_call"),
         # an execution error, then the turn still fails (grep never called)
@@ -297,7 +331,9 @@ def test_truncated_episode_pads_turns():
 
 
 def test_exec_errors_are_counted():
-    evaluation = evaluate_episode(load_task("multi_turn_base_0"), _base0_with(1, ["cd(folder='temp')", "cat(file_name='missing.txt')", "nope()"]))
+    evaluation = evaluate_episode(
+        load_task("multi_turn_base_0"), _base0_with(1, ["cd(folder='temp')", "cat(file_name='missing.txt')", "nope()"])
+    )
     assert evaluation.exec_errors == 2
 
 
@@ -307,12 +343,24 @@ def test_exec_errors_are_counted():
 def _evaluation(valid=False, passed=2, scorable=4, irrelevance=0, passed_irrelevance=0) -> Evaluation:
     denominator = scorable + irrelevance
     return Evaluation(
-        task_id="multi_turn_base_0", category="base", valid=valid, reward=0.0, error_type=None, error_turn=None,
-        tags=[], labels=[], progress=passed / scorable if scorable else 0.0,
+        task_id="multi_turn_base_0",
+        category="base",
+        valid=valid,
+        reward=0.0,
+        error_type=None,
+        error_turn=None,
+        tags=[],
+        labels=[],
+        progress=passed / scorable if scorable else 0.0,
         progress_with_irrelevance=(passed + passed_irrelevance) / denominator if denominator else 0.0,
-        passed_turns=passed, scorable_turns=scorable, irrelevance_turns=irrelevance,
-        passed_irrelevance_turns=passed_irrelevance, terminated_early=False, num_model_turns=4,
-        num_gt_turns=4, exec_errors=0,
+        passed_turns=passed,
+        scorable_turns=scorable,
+        irrelevance_turns=irrelevance,
+        passed_irrelevance_turns=passed_irrelevance,
+        terminated_early=False,
+        num_model_turns=4,
+        num_gt_turns=4,
+        exec_errors=0,
     )
 
 
@@ -369,7 +417,11 @@ def test_score_record():
     task = load_task("multi_turn_base_0")
     record = {"id": task.id, "turns": [[c.to_dict() for c in turn] for turn in gt_turns(task)]}
     assert score_record(record) == {
-        "id": task.id, "valid": True, "tags": ["pass"] * 4, "labels": ["pass"] * 4, "progress": 1.0,
+        "id": task.id,
+        "valid": True,
+        "tags": ["pass"] * 4,
+        "labels": ["pass"] * 4,
+        "progress": 1.0,
     }
     record["turns"] = record["turns"][:1]
     assert score_record(record)["valid"] is False

@@ -105,8 +105,20 @@ def test_cpu_recipe_carries_the_cpu_settings():
     assert cfg.actor_rollout_ref.actor.strategy == cfg.actor_rollout_ref.ref.strategy == "fsdp2"
 
 
-@pytest.mark.parametrize("name", ["wake_up", "sleep", "abort_all_requests", "resume_generation", "clear_kv_cache",
-                                  "release_kv_cache", "resume_kv_cache", "start_profile", "stop_profile"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "wake_up",
+        "sleep",
+        "abort_all_requests",
+        "resume_generation",
+        "clear_kv_cache",
+        "release_kv_cache",
+        "resume_kv_cache",
+        "start_profile",
+        "stop_profile",
+    ],
+)
 def test_server_exposes_every_method_the_replica_forwards(name):
     from verl.workers.rollout.replica import RolloutReplica
 

@@ -20,7 +20,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -183,7 +182,10 @@ def launch(tmp: Path, name: str, *extra: str) -> str:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp / "probes"), os.environ.get("PYTHONPATH")])),
     }
     cmd = [
-        str(VENV_PYTHON), str(REPO / "launcher.py"), "--conf", str(REPO / "exp" / "cpu_tiny_vllm.yaml"),
+        str(VENV_PYTHON),
+        str(REPO / "launcher.py"),
+        "--conf",
+        str(REPO / "exp" / "cpu_tiny_vllm.yaml"),
         f"actor_rollout_ref.model.path={TINY_DIR}",
         "seal.tiny_model.build=false",
         f"trainer.default_local_dir={tmp / 'ckpt'}",
@@ -234,12 +236,23 @@ def vllm_runs(tmp_path_factory):
     routes = write_probes(tmp)
     first = launch(tmp, "run1", "trainer.total_training_steps=2")
     resumed = launch(
-        tmp, "run2", "trainer.total_training_steps=4", "trainer.test_freq=0", "trainer.save_freq=0",
-        "seal.checkpoint.save_best=false", RESUME_DECAY,
+        tmp,
+        "run2",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "seal.checkpoint.save_best=false",
+        RESUME_DECAY,
         "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=first_sync_only",
     )
     routes_seen = [json.loads(line) for line in routes.read_text().splitlines()]
-    return {"tmp": tmp, "first": first, "resumed": resumed, "steps": metrics_by_step(tmp / "run"), "routes": routes_seen}
+    return {
+        "tmp": tmp,
+        "first": first,
+        "resumed": resumed,
+        "steps": metrics_by_step(tmp / "run"),
+        "routes": routes_seen,
+    }
 
 
 def assert_weights_reached_vllm(step: int, metrics: dict) -> None:

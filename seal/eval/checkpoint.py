@@ -39,8 +39,9 @@ def resolve_model(model: str) -> str:
     return model
 
 
-def eval_overrides(model: str | None, val_file: str, results_path: str, out_dir: str,
-                   max_model_calls: int | None = None) -> list[str]:
+def eval_overrides(
+    model: str | None, val_file: str, results_path: str, out_dir: str, max_model_calls: int | None = None
+) -> list[str]:
     """Hydra overrides that turn a training recipe into a greedy, validation-only run over ``val_file``."""
     out_dir = os.path.abspath(out_dir)
     overrides = [
@@ -65,9 +66,17 @@ def eval_overrides(model: str | None, val_file: str, results_path: str, out_dir:
     return overrides
 
 
-def run_checkpoint(task_ids: list[str], results_path: str, out_dir: str, *, recipe: str | None = None,
-                   model: str | None = None, max_model_calls: int | None = None, extra_overrides: list[str] = (),
-                   progress: bool = True) -> int:
+def run_checkpoint(
+    task_ids: list[str],
+    results_path: str,
+    out_dir: str,
+    *,
+    recipe: str | None = None,
+    model: str | None = None,
+    max_model_calls: int | None = None,
+    extra_overrides: list[str] = (),
+    progress: bool = True,
+) -> int:
     """Validate ``task_ids`` (the caller leaves out finished ones); returns the launcher's exit status."""
     from seal import launch
 

@@ -47,8 +47,12 @@ class EndpointSettings:
 def chat(settings: EndpointSettings, messages: list[dict], session: requests.Session) -> tuple[str, dict]:
     """(assistant text, usage) of one greedy completion; bounded retries on connection errors and 5xx."""
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    body = {"model": settings.model, "messages": messages, "temperature": settings.temperature,
-            "max_tokens": settings.max_tokens}
+    body = {
+        "model": settings.model,
+        "messages": messages,
+        "temperature": settings.temperature,
+        "max_tokens": settings.max_tokens,
+    }
     last = None
     for attempt in range(settings.retries + 1):
         try:
@@ -64,7 +68,7 @@ def chat(settings: EndpointSettings, messages: list[dict], session: requests.Ses
                 data = response.json()
                 return data["choices"][0]["message"].get("content") or "", data.get("usage") or {}
             last = EndpointError(f"HTTP {response.status_code}: {response.text[:300]}")
-        time.sleep(min(2.0 ** attempt, 10.0))
+        time.sleep(min(2.0**attempt, 10.0))
     raise EndpointError(f"{settings.chat_url()} failed after {settings.retries + 1} attempts: {last}")
 
 
@@ -72,8 +76,9 @@ def chat(settings: EndpointSettings, messages: list[dict], session: requests.Ses
 Generate = Callable[[list[dict]], tuple[str, dict]]
 
 
-def run_episode(task_id: str, generate: Generate, env, env_params: dict, reward: dict | None,
-                max_model_calls: int, source: dict) -> dict:
+def run_episode(
+    task_id: str, generate: Generate, env, env_params: dict, reward: dict | None, max_model_calls: int, source: dict
+) -> dict:
     """One validation episode of ``task_id`` with ``generate`` as the model; the record for the results file."""
     tokens = {"prompt": 0, "completion": 0}
     log = TurnLog(env_params.get("tool_prompt_mode", "bfcl_qwen_fc"))
@@ -81,8 +86,17 @@ def run_episode(task_id: str, generate: Generate, env, env_params: dict, reward:
     try:
         created = env.create(task_id, "validate", env_params)
     except EnvServiceError as exc:
-        return make_record(task_id, None, [], model_calls=0, termination="env_error", tokens=tokens, source=source,
-                           failed=True, error=str(exc))
+        return make_record(
+            task_id,
+            None,
+            [],
+            model_calls=0,
+            termination="env_error",
+            tokens=tokens,
+            source=source,
+            failed=True,
+            error=str(exc),
+        )
     instance_id, messages = created["instance_id"], list(created["messages"])
     try:
         while True:
@@ -110,15 +124,34 @@ def run_episode(task_id: str, generate: Generate, env, env_params: dict, reward:
             env.release(instance_id)
         except EnvServiceError:
             pass  # the service reclaims idle episodes anyway
-        return make_record(task_id, None, log.as_list(), model_calls=calls, termination="error", tokens=tokens,
-                           source=source, failed=True, error=str(exc))
-    return make_record(task_id, evaluation, log.as_list(), model_calls=calls, termination=termination,
-                       tokens=tokens, source=source)
+        return make_record(
+            task_id,
+            None,
+            log.as_list(),
+            model_calls=calls,
+            termination="error",
+            tokens=tokens,
+            source=source,
+            failed=True,
+            error=str(exc),
+        )
+    return make_record(
+        task_id, evaluation, log.as_list(), model_calls=calls, termination=termination, tokens=tokens, source=source
+    )
 
 
-def run_endpoint(task_ids: list[str], settings: EndpointSettings, results_path: str, *, env_url: str | None = None,
-                 env_secret_file: str | None = None, env_params: dict | None = None, reward: dict | None = None,
-                 concurrency: int = 4, progress: bool = True) -> int:
+def run_endpoint(
+    task_ids: list[str],
+    settings: EndpointSettings,
+    results_path: str,
+    *,
+    env_url: str | None = None,
+    env_secret_file: str | None = None,
+    env_params: dict | None = None,
+    reward: dict | None = None,
+    concurrency: int = 4,
+    progress: bool = True,
+) -> int:
     """Evaluate ``task_ids`` (the caller leaves out finished ones), appending a record as each finishes; returns
     the number of records written."""
     from tqdm import tqdm
@@ -130,10 +163,14 @@ def run_endpoint(task_ids: list[str], settings: EndpointSettings, results_path: 
     generate = functools.partial(chat, settings, session=requests.Session())
     source = {"mode": "endpoint", "endpoint": settings.url, "model": settings.model}
     written = 0
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool, \
-            tqdm(total=len(task_ids), desc=f"eval {settings.model}", disable=not progress, unit="task") as bar:
-        futures = [pool.submit(run_episode, t, generate, env, env_params, reward, settings.max_model_calls, source)
-                   for t in task_ids]
+    with (
+        ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
+        tqdm(total=len(task_ids), desc=f"eval {settings.model}", disable=not progress, unit="task") as bar,
+    ):
+        futures = [
+            pool.submit(run_episode, t, generate, env, env_params, reward, settings.max_model_calls, source)
+            for t in task_ids
+        ]
         for future in as_completed(futures):
             record = future.result()
             append_record(results_path, record)

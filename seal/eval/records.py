@@ -84,12 +84,14 @@ class TurnLog:
 
     def add(self, text: str, reply: dict | None, info: dict | None, terminated: bool = False) -> None:
         info = info or {}
-        self.turns[-1].append({
-            "text": text,
-            "reply": (reply or {}).get("content", ""),
-            "error_type": info.get("error_type"),
-            "calls": accepted_calls(text, int(info.get("num_calls") or 0), self.prompt_mode),
-        })
+        self.turns[-1].append(
+            {
+                "text": text,
+                "reply": (reply or {}).get("content", ""),
+                "error_type": info.get("error_type"),
+                "calls": accepted_calls(text, int(info.get("num_calls") or 0), self.prompt_mode),
+            }
+        )
         if info.get("advanced") and not terminated:  # no calls: the environment delivered the next user turn
             self.turns.append([])
 
@@ -98,9 +100,18 @@ class TurnLog:
         return [list(t) for t in self.turns]
 
 
-def make_record(task_id: str, evaluation: dict | None, turns: list[list[dict]], *, model_calls: int,
-                termination: str, tokens: dict[str, int], source: dict[str, Any], failed: bool = False,
-                error: str = "") -> dict:
+def make_record(
+    task_id: str,
+    evaluation: dict | None,
+    turns: list[list[dict]],
+    *,
+    model_calls: int,
+    termination: str,
+    tokens: dict[str, int],
+    source: dict[str, Any],
+    failed: bool = False,
+    error: str = "",
+) -> dict:
     evaluation = evaluation or {}
     return {
         "task_id": task_id,

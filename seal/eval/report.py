@@ -20,8 +20,13 @@ from env_service.vocabulary import CATEGORIES
 from seal.eval.records import load_records, scored
 
 #: Column titles of the paper's Table 1, in its order.
-TABLE_COLUMNS = {"average": "Average", "base": "Base", "miss_func": "Miss Func", "miss_param": "Miss Param",
-                 "long_context": "Long Context"}
+TABLE_COLUMNS = {
+    "average": "Average",
+    "base": "Base",
+    "miss_func": "Miss Func",
+    "miss_param": "Miss Param",
+    "long_context": "Long Context",
+}
 
 
 @dataclass
@@ -45,8 +50,12 @@ def average_cell(cells: list[Cell]) -> Cell:
     if not cells:
         return Cell(float("nan"), float("nan"), 0, 0)
     k = len(cells)
-    return Cell(sum(c.accuracy for c in cells) / k, math.sqrt(sum(c.stderr ** 2 for c in cells)) / k,
-                sum(c.n for c in cells), sum(c.passed or 0 for c in cells))
+    return Cell(
+        sum(c.accuracy for c in cells) / k,
+        math.sqrt(sum(c.stderr**2 for c in cells)) / k,
+        sum(c.n for c in cells),
+        sum(c.passed or 0 for c in cells),
+    )
 
 
 def accuracy_table(records: list[dict]) -> dict[str, Cell]:
@@ -115,8 +124,12 @@ def profile_markdown(profile: dict) -> str:
         if not names:
             continue
         groups = list(per)
-        lines += [f"**{field}** (share of turns)", "", f"| {field[:-1]} | " + " | ".join(groups) + " |",
-                  "| --- |" + " ---: |" * len(groups)]
+        lines += [
+            f"**{field}** (share of turns)",
+            "",
+            f"| {field[:-1]} | " + " | ".join(groups) + " |",
+            "| --- |" + " ---: |" * len(groups),
+        ]
         for n in names:
             lines.append(f"| {n} | " + " | ".join(f"{100 * per[g].get(n, 0.0):.1f}" for g in groups) + " |")
         lines.append("")
@@ -130,8 +143,14 @@ def write_report(results_path: str, out_dir: str, name: str) -> dict:
     profile = failure_profile(records)
     failed = [r["task_id"] for r in records if r.get("failed")]
     os.makedirs(out_dir, exist_ok=True)
-    summary = {"model": name, "results": os.path.abspath(results_path), "episodes": len(records),
-               "env_failures": failed, "table": {k: asdict(v) for k, v in table.items()}, "failure_profile": profile}
+    summary = {
+        "model": name,
+        "results": os.path.abspath(results_path),
+        "episodes": len(records),
+        "env_failures": failed,
+        "table": {k: asdict(v) for k, v in table.items()},
+        "failure_profile": profile,
+    }
     note = f"\n{len(failed)} episode(s) the environment could not run are left out: {failed}\n" if failed else ""
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(markdown_table({name: table}) + note)

@@ -51,8 +51,10 @@ def val_task_ids(val_file: str) -> tuple[list[str], list[str]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(val_file, columns=["extra_info", "reward_model"])
-    return ([r["task_id"] for r in table.column("extra_info").to_pylist()],
-            [r["ground_truth"] for r in table.column("reward_model").to_pylist()])
+    return (
+        [r["task_id"] for r in table.column("extra_info").to_pylist()],
+        [r["ground_truth"] for r in table.column("reward_model").to_pylist()],
+    )
 
 
 def dumped_verdicts(run_dir: str, step: int, val_file: str) -> dict[str, bool] | None:
@@ -83,8 +85,10 @@ class RunResult:
 
 
 def _cells_from_verdicts(verdicts: dict[str, bool]) -> dict[str, Cell]:
-    records = [{"task_id": t, "category": t.removeprefix("multi_turn_").rsplit("_", 1)[0], "valid": v}
-               for t, v in verdicts.items()]
+    records = [
+        {"task_id": t, "category": t.removeprefix("multi_turn_").rsplit("_", 1)[0], "valid": v}
+        for t, v in verdicts.items()
+    ]
     return accuracy_table(records)
 
 

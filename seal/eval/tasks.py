@@ -14,8 +14,9 @@ DATASET_FILES = ("data/bfcl_heldout.parquet", "data/bfcl_train.parquet")
 EVAL_SPLIT = "eval"
 
 
-def select_tasks(selection: str = "heldout", category: str | None = None, ids: list[str] | None = None,
-                 limit: int | None = None) -> list[str]:
+def select_tasks(
+    selection: str = "heldout", category: str | None = None, ids: list[str] | None = None, limit: int | None = None
+) -> list[str]:
     """``heldout`` (default) | ``train`` | ``all`` tasks, or the ids given; optionally one category and the first
     ``limit`` of them (per category, keeping the split's category-major order)."""
     if ids:
@@ -54,7 +55,8 @@ def write_eval_dataset(ids: list[str], path: str, data_files: tuple[str, ...] = 
     tables = [pq.read_table(f) for f in data_files if os.path.exists(f)]
     if not tables:
         raise FileNotFoundError(
-            f"none of {data_files} exists (run from the repository root, or `python scripts/make_split.py`)")
+            f"none of {data_files} exists (run from the repository root, or `python scripts/make_split.py`)"
+        )
     rows = {r["extra_info"]["task_id"]: r for t in tables for r in t.to_pylist()}
     missing = [t for t in ids if t not in rows]
     if missing:
