@@ -125,7 +125,7 @@ class BfclAgentLoop(AgentLoopBase):
         last_error = None
         for attempt in range(self.episode_retries + 1):
             try:
-                return await self._run_episode(task_id, mode, sampling_params, metrics)
+                return await self._run_episode(task_id, mode, sampling_params, metrics, want_logprobs)
             except PromptTooLong as exc:
                 logger.error("episode %s cannot start: %s", task_id, exc)
                 return self._failed_output(task_id, extra, str(exc), metrics, want_logprobs)
@@ -139,7 +139,9 @@ class BfclAgentLoop(AgentLoopBase):
 
     # ---- one episode -------------------------------------------------------------------------------
 
-    async def _run_episode(self, task_id: str, mode: str, sampling_params: dict, metrics: dict) -> AgentLoopOutput:
+    async def _run_episode(
+        self, task_id: str, mode: str, sampling_params: dict, metrics: dict, want_logprobs: bool
+    ) -> AgentLoopOutput:
         created = await self._env_call(self.env.create, task_id, mode, self.env_params)
         instance_id = created["instance_id"]
         try:
@@ -149,7 +151,7 @@ class BfclAgentLoop(AgentLoopBase):
         except BaseException:
             await self._release_quietly(instance_id)  # evaluate releases on success; a failure must too
             raise
-        return self._output(task_id, created["info"], traj, evaluation, metrics, bool(sampling_params.get("logprobs")))
+        return self._output(task_id, created["info"], traj, evaluation, metrics, want_logprobs)
 
     async def _start(self, messages: list[dict]) -> Trajectory:
         prompt_ids = await self.loop.run_in_executor(
@@ -174,7 +176,8 @@ class BfclAgentLoop(AgentLoopBase):
             text = await self._generate(traj, sampling_params, metrics)
             with _timer(metrics, "tool_calls"):
                 step = await self._env_call(self.env.step, instance_id, text)
-            traj.steps.append((text, step))
+            if self.results_path:  # only `python -m seal.eval` keeps the replies (for its per-task record)
+                traj.steps.append((text, step))
             if step["terminated"]:
                 traj.termination = "completed"
                 return
