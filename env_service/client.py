@@ -84,14 +84,21 @@ class _ClientAPI:
         self._seq = _SeqTracker()
 
     def create(
-        self, task_id: str, mode: str = "train", params: dict | None = None, instance_id: str | None = None
+        self,
+        task_id: str,
+        mode: str = "train",
+        params: dict | None = None,
+        instance_id: str | None = None,
+        memory_snapshot: dict | None = None,
     ) -> dict:
-        """Start an episode: ``{"instance_id", "messages", "info"}``."""
+        """Start an episode: ``{"instance_id", "messages", "info"}``. ``memory_snapshot``: the memory an OOD memory
+        episode starts from (the ``memory_snapshot`` of the previous prerequisite's evaluation)."""
         # Chosen here, not by the server, so that a retried create finds the first attempt.
         instance_id = instance_id or f"ep_{uuid.uuid4().hex}"
-        result = self._call(
-            "create", {"task_id": task_id, "mode": mode, "params": params or {}, "instance_id": instance_id}
-        )
+        payload = {"task_id": task_id, "mode": mode, "params": params or {}, "instance_id": instance_id}
+        if memory_snapshot is not None:
+            payload["memory_snapshot"] = memory_snapshot
+        result = self._call("create", payload)
         self._seq.reset(result["instance_id"])
         return result
 

@@ -29,6 +29,8 @@ class CreateRequest(_Body):
     mode: Literal[MODE_TRAIN, MODE_VALIDATE]
     params: dict[str, Any] = Field(default_factory=dict)
     instance_id: str | None = None
+    # OOD memory tasks: the memory the episode starts from (a prerequisite's evaluation hands it back)
+    memory_snapshot: dict[str, Any] | None = None
 
 
 class StepRequest(_Body):

@@ -119,7 +119,7 @@ class Episode:
         self._tools_refused: str | None = None  # why tool calls are refused for good (state limit)
         # The tools the model may call now: the task's visible docs, plus revealed holdouts later.
         self._tools: list[dict] = list(task.functions)
-        self._session = BackendSession(task, allowed=self._allowed_names())
+        self._session = self._open_session()
         self._turn = 0  # index of the user turn the model is answering
         self._records: list[TurnRecord] = [TurnRecord(calls=[], exec_results=[])]
         self._num_steps = 0
@@ -212,6 +212,10 @@ class Episode:
 
     def _active(self, block) -> bool:
         return interface.is_train_only_active(block, self.mode, self.task.category)
+
+    def _open_session(self) -> BackendSession:
+        """The episode's backends: fresh instances of the task's classes."""
+        return BackendSession(self.task, allowed=self._allowed_names())
 
     def _allowed_names(self) -> set[str] | None:
         return set(self.tool_names) if self.config.enforce_available_tools else None

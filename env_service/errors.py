@@ -41,6 +41,18 @@ class UnknownTask(ManagerError):
     status, code = 404, "unknown_task"
 
 
+class EvaluateOnly(BadRequest):
+    """An out-of-distribution task (bfcl's memory / web-search categories) asked for in train mode."""
+
+    status, code = 403, "evaluate_only"
+
+
+class TaskUnavailable(ManagerError):
+    """A task that cannot run on this machine (a missing local model or API key); the detail says what."""
+
+    status, code = 422, "task_unavailable"
+
+
 class UnknownInstance(ManagerError):
     status, code = 404, "unknown_instance"
 
@@ -79,10 +91,12 @@ __all__ = [
     "Conflict",
     "EpisodeFailure",
     "EpisodeLost",
+    "EvaluateOnly",
     "InvalidConfig",
     "InvalidContent",
     "ManagerError",
     "PayloadTooLarge",
+    "TaskUnavailable",
     "UnknownInstance",
     "UnknownTask",
 ]

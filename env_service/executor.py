@@ -418,16 +418,19 @@ class BackendSession:
 
     ``allowed``: optional set of tool names that may be dispatched (the episode passes the tools it
     currently exposes; may be reassigned as tools are revealed). ``None`` allows every tool.
+    ``instances``: backend instances the caller has already set up (class name -> instance; the memory
+    backends, loaded from a snapshot by bfcl's own ``_load_scenario``); by default fresh ones from the task.
     """
 
-    def __init__(self, task, allowed: set[str] | None = None):
+    def __init__(self, task, allowed: set[str] | None = None, instances: Mapping[str, object] | None = None):
         self.task_id: str = task.id
         self.allowed: set[str] | None = None if allowed is None else set(allowed)
-        self._instances: dict[str, object] = {}
+        self._instances: dict[str, object] = dict(instances or {})
         self._owners: dict[str, str] = {}
         self._closed = False
-        for class_name in task.involved_classes:
-            self._instances[class_name] = _fresh_instance(class_name, task.initial_config, task.long_context)
+        if instances is None:
+            for class_name in task.involved_classes:
+                self._instances[class_name] = _fresh_instance(class_name, task.initial_config, task.long_context)
         for class_name, instance in self._instances.items():
             for name in public_method_names(instance):
                 self._owners[name] = class_name

@@ -37,23 +37,26 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from env_service import ood_tasks
 from env_service import tasks as tasks_mod
 from env_service.config import EnvConfig, RewardConfig, ServiceLimits
-from env_service.episode import Episode
 from env_service.errors import (
     BadRequest,
     CapacityExceeded,
     Conflict,
     EpisodeFailure,
     EpisodeLost,
+    EvaluateOnly,
     InvalidConfig,
     InvalidContent,
     ManagerError,
     PayloadTooLarge,
+    TaskUnavailable,
     UnknownInstance,
     UnknownTask,
 )
 from env_service.json_safe import json_safe
+from env_service.ood_episode import check_snapshot, evaluate_only_message, load_any_task, new_episode
 from env_service.vocabulary import EPISODE_MODES, MODE_TRAIN
 from env_service.workers import WorkerBusy, WorkerLost, WorkerPool
 
@@ -231,7 +234,7 @@ class EpisodeManager:
         if self._known_tasks is None:
             ids = tasks_mod.task_ids("all")
             tasks_mod.load_task(ids[0])  # builds and caches every task
-            self._known_tasks = frozenset(ids)
+            self._known_tasks = frozenset(ids) | frozenset(ood_tasks.all_ood_task_ids())
         if self._pool is not None:
             self._pool.start()
 
@@ -302,14 +305,23 @@ class EpisodeManager:
         instance_id: Any = None,
         owner: str | None = None,
         run_id: str | None = None,
+        memory_snapshot: Any = None,
     ) -> dict:
         """Start an episode; returns ``{"instance_id", "messages", "info"}``.
 
         ``owner``: whom the episode counts against (the service passes the run id, else the client
         address). ``run_id``: whose failure profile a TRAIN episode gets (see ``set_profile``).
+        ``memory_snapshot``: the memory an OOD memory episode starts from (what the evaluation of the previous
+        prerequisite conversation of its scenario handed back).
         """
         task_id, mode, params = self._check_create(task_id, mode, params)
         config = _config_from_params(params)
+        try:
+            memory_snapshot = check_snapshot(memory_snapshot)
+        except ValueError as error:
+            raise (PayloadTooLarge if "limit" in str(error) else BadRequest)(str(error)) from None
+        if memory_snapshot is not None and not ood_tasks.is_ood_task(task_id):
+            raise BadRequest(f"{task_id} takes no memory_snapshot (only the OOD memory tasks do)")
         fingerprint = _request_fingerprint(task_id, mode, params)
         if instance_id is not None:
             instance_id = check_instance_id(instance_id)
@@ -321,7 +333,9 @@ class EpisodeManager:
         self._ensure_capacity(owner)
 
         task = self._load_task(task_id)
-        episode, messages, profile_version = self._start_episode(task, mode, config, run_id, key=instance_id)
+        episode, messages, profile_version = self._start_episode(
+            task, mode, config, run_id, key=instance_id, memory_snapshot=memory_snapshot
+        )
         info = {
             "instance_id": instance_id,
             "task_id": task_id,
@@ -359,15 +373,17 @@ class EpisodeManager:
             self._close(slot)
             raise problem
 
-    def _start_episode(self, task, mode: str, config: EnvConfig, run_id: str | None = None, key: str = ""):
+    def _start_episode(
+        self, task, mode: str, config: EnvConfig, run_id: str | None = None, key: str = "", memory_snapshot=None
+    ):
         """Build the episode and its first messages; TRAIN episodes get their run's latest failure profile."""
         profile_state = self.get_profile(run_id) if mode == MODE_TRAIN else None
         profile = profile_state["profile"] if profile_state else None
         try:
             if self._pool is not None:
-                episode = self._pool.create(key, task.id, mode, config, profile)
+                episode = self._pool.create(key, task.id, mode, config, profile, memory_snapshot)
             else:
-                episode = Episode(task, mode, config, profile, self.limits)
+                episode = new_episode(task, mode, config, profile, self.limits, memory_snapshot)
             messages = episode.initial_messages()
         except (WorkerLost, WorkerBusy) as error:  # retrying the create is safe
             raise CapacityExceeded(f"cannot start an episode for {task.id} now ({error}); retry") from None
@@ -393,13 +409,21 @@ class EpisodeManager:
             shown = task_id if len(task_id) <= 80 else task_id[:80] + "..."
             raise UnknownTask(
                 f"unknown task_id {shown!r}; expected 'multi_turn_<category>_<index>' with category "
-                f"in {', '.join(tasks_mod.CATEGORIES)} and index 0..{tasks_mod.TASKS_PER_CATEGORY - 1}"
+                f"in {', '.join(tasks_mod.CATEGORIES)} and index 0..{tasks_mod.TASKS_PER_CATEGORY - 1}, "
+                f"or an out-of-distribution task of {', '.join(ood_tasks.OOD_CATEGORIES)}"
             )
+        category = ood_tasks.ood_category(task_id)
+        if category is not None:
+            if mode == MODE_TRAIN:
+                raise EvaluateOnly(evaluate_only_message(task_id))
+            reason = ood_tasks.unavailable_reason(category)
+            if reason:
+                raise TaskUnavailable(reason)
         return task_id, mode, params
 
     def _load_task(self, task_id: str):
         try:
-            return tasks_mod.load_task(task_id)
+            return load_any_task(task_id)
         except (KeyError, ValueError) as error:
             raise UnknownTask(str(error).strip("'\"")) from None
 

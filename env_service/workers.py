@@ -35,7 +35,7 @@ from typing import Any
 
 from env_service import tasks
 from env_service.config import ServiceLimits
-from env_service.episode import Episode
+from env_service.ood_episode import load_any_task, new_episode
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,8 @@ def _worker_main(conn) -> None:
 
 def _handle(episodes: dict, limits: ServiceLimits, op: str, key: str, args: tuple):
     if op == "create":
-        task_id, mode, config, profile = args
-        episode = Episode(tasks.load_task(task_id), mode, config, profile, limits)
+        task_id, mode, config, profile, memory_snapshot = args
+        episode = new_episode(load_any_task(task_id), mode, config, profile, limits, memory_snapshot)
         messages = episode.initial_messages()
         episodes[key] = episode
         return messages, episode.info
@@ -248,7 +248,7 @@ class WorkerPool:
             raise ValueError(message)
         raise RemoteError(kind, message)
 
-    def create(self, key: str, task_id: str, mode: str, config, profile) -> RemoteEpisode:
+    def create(self, key: str, task_id: str, mode: str, config, profile, memory_snapshot=None) -> RemoteEpisode:
         self.start()
         with self._state:
             worker = self._placement()
@@ -256,7 +256,7 @@ class WorkerPool:
             generation = worker.generation
         try:
             messages, info = self._request(
-                worker, generation, SHORT_REQUEST_S, "create", key, task_id, mode, config, profile
+                worker, generation, SHORT_REQUEST_S, "create", key, task_id, mode, config, profile, memory_snapshot
             )
         except BaseException:
             with self._state:

@@ -161,6 +161,25 @@ def _check_data(config, problems):
                     f"data.{key}: {f!r} not found from {os.getcwd()} (relative paths are taken from the current "
                     "directory: launch from the repository root, or regenerate with `python scripts/make_split.py`)"
                 )
+            else:
+                _refuse_ood_tasks(f"data.{key}", f, problems)
+
+
+def _refuse_ood_tasks(key: str, path: str, problems: list[str]) -> None:
+    """The out-of-distribution tasks (bfcl's memory / web-search categories) are evaluate-only: never in a run's data."""
+    from env_service.ood_tasks import is_ood_task
+    from seal.prompt_budget import run_episodes
+
+    try:
+        ood = [task_id for task_id, _ in run_episodes([path]) if is_ood_task(task_id)]
+    except Exception:  # noqa: BLE001 - not a dataset this check can read; the run's own loading will say why
+        return
+    if ood:
+        problems.append(
+            f"{key}: {path!r} holds {len(ood)} out-of-distribution task(s) ({', '.join(ood[:3])}"
+            f"{', ...' if len(ood) > 3 else ''}): bfcl's memory and web-search categories are evaluate-only, never "
+            "trained or validated on; evaluate them with `python -m seal.eval endpoint --categories ...`"
+        )
 
 
 def _check_lengths(config, problems):

@@ -9,6 +9,10 @@ Task options: ``--tasks heldout|train|all`` (default heldout), ``--category base
 ``eval_results/<name>``): ``results.jsonl`` (one line per task, appended as each finishes; a rerun skips the
 finished ones), ``table.{md,csv,json}``, ``failure_profile.{md,json}`` and ``bfcl/`` (bfcl-eval's result files
 and its own scores, ``bfcl/score.json``; ``--no-bfcl`` skips it).
+
+Out-of-distribution (evaluate-only, ``endpoint`` only): ``--category memory_kv,memory_rec_sum`` (also
+``memory_vector``, ``web_search_base``, ``web_search_no_snippet``) runs bfcl's memory / web-search questions;
+a category that cannot run here is skipped with its reason (``seal/eval/ood.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import re
 import sys
 
+from env_service.ood_tasks import OOD_CATEGORIES, is_ood_task
 from seal.eval import report
 from seal.eval.records import finished_tasks, load_records
 from seal.eval.tasks import SELECTIONS, select_tasks
@@ -28,7 +33,13 @@ RESULTS_FILE = "results.jsonl"
 
 def _task_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default="heldout", choices=SELECTIONS, help="which split (default: heldout)")
-    parser.add_argument("--category", help="one category: base, miss_func, miss_param or long_context")
+    parser.add_argument(
+        "--category",
+        "--categories",
+        dest="category",
+        help="comma-separated categories: base, miss_func, miss_param, long_context, or the out-of-distribution "
+        f"{', '.join(OOD_CATEGORIES)} (endpoint only)",
+    )
     parser.add_argument("--ids", help="comma-separated task ids (overrides --tasks)")
     parser.add_argument("--limit", type=int, help="the first N tasks of each category")
     parser.add_argument("--max-model-calls", type=int, help="model calls per episode (default: the recipe's, 20)")
@@ -72,13 +83,32 @@ def _name(args) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rstrip("/").split("/")[-1] if os.path.isdir(model) else model)
 
 
-def _pending(args, results_path: str) -> list[str]:
-    ids = [t.strip() for t in args.ids.split(",") if t.strip()] if args.ids else None
-    tasks = select_tasks(args.tasks, args.category, ids, args.limit)
+def _pending(args, results_path: str) -> tuple[list[str], list[str]]:
+    """(multi-turn tasks, out-of-distribution questions) selected and not yet in the results file."""
+    from seal.eval.ood import select_ood
+
+    ids = [t.strip() for t in args.ids.split(",") if t.strip()] if args.ids else []
+    categories = [c.strip() for c in (args.category or "").split(",") if c.strip()]
+    ood_categories = [c for c in categories if c in OOD_CATEGORIES]
+    ood_ids = [t for t in ids if is_ood_task(t)]
+    categories = [c for c in categories if c not in OOD_CATEGORIES]
+    ids = [t for t in ids if not is_ood_task(t)]
+    tasks = []
+    if categories or ids or not (ood_categories or ood_ids):
+        for category in categories or [None]:
+            tasks += [t for t in select_tasks(args.tasks, category, ids or None, args.limit) if t not in tasks]
+    ood = select_ood(ood_categories, ood_ids, args.limit)
+    for reason in ood.skipped.values():
+        print(f"[seal.eval] {reason}")
     done = finished_tasks(results_path)
     pending = [t for t in tasks if t not in done]
-    print(f"[seal.eval] {len(tasks)} task(s) selected, {len(tasks) - len(pending)} already in {results_path}")
-    return pending
+    ood_pending = [t for t in ood.task_ids if t not in done]
+    selected = len(tasks) + len(ood.task_ids)
+    print(
+        f"[seal.eval] {selected} task(s) selected, {selected - len(pending) - len(ood_pending)} already in "
+        f"{results_path}"
+    )
+    return pending, ood_pending
 
 
 def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
@@ -122,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             max_model_calls=args.max_model_calls or 20,
         )
+        pending, ood_pending = _pending(args, results_path)
         run_endpoint(
-            _pending(args, results_path),
+            pending,
             settings,
             results_path,
             env_url=args.env_url,
@@ -132,10 +163,31 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             progress=not args.no_progress,
         )
+        if ood_pending:
+            from seal.eval.endpoint import run_endpoint_ood
+
+            run_endpoint_ood(
+                ood_pending,
+                settings,
+                results_path,
+                out_dir,
+                env_url=args.env_url,
+                env_secret_file=args.env_secret_file,
+                env_params={"tool_prompt_mode": args.tool_prompt_mode},
+                concurrency=args.concurrency,
+                progress=not args.no_progress,
+            )
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 
-        pending = _pending(args, results_path)
+        pending, ood_pending = _pending(args, results_path)
+        if ood_pending:
+            print(
+                "[seal.eval] the out-of-distribution categories run through `endpoint` only: serve the checkpoint "
+                "with an OpenAI-compatible server (e.g. `vllm serve PATH`) and run `python -m seal.eval endpoint`",
+                file=sys.stderr,
+            )
+            return 2
         if pending:
             status = run_checkpoint(
                 pending,

@@ -11,6 +11,13 @@ what our environment refused (a tool not yet revealed, a malformed message) and 
 unvetted names; it also makes the score independent of the model's own prompt format (ToolACE's Python-list
 calls are written the same way). A step with no call that ran is written as "", which bfcl skips.
 
+The out-of-distribution categories (``memory_kv``, ``memory_rec_sum``, ``memory_vector``, ``web_search_base``,
+``web_search_no_snippet``) go to bfcl's agentic layout (``agentic/memory/<backend>/BFCL_v4_memory_kv_result.json``,
+``agentic/BFCL_v4_web_search_base_result.json``), one turn per question. bfcl checks the last step its decoder
+finds no call in, so there a message the environment took as the answer (no call ran: plain text, or a message
+it could not parse) is written as its text, a message whose calls the environment refused as the calls it
+named, and a message whose calls ran as those calls.
+
 bfcl's evaluation runs in a subprocess with its own scratch ``BFCL_PROJECT_ROOT``: bfcl keeps backend instances
 in module globals, creates directories under its project root at import and reads ``.env`` there.
 """
@@ -22,7 +29,9 @@ import os
 import subprocess
 import sys
 
-from env_service.vocabulary import CATEGORY_PREFIX
+from env_service.ood_tasks import MEMORY_CATEGORIES, OOD_CATEGORIES
+from env_service.parser import parse_assistant
+from env_service.vocabulary import CATEGORY_PREFIX, STEP_PARSE_ERROR
 from seal.eval.records import scored
 
 BFCL_MODEL = "Qwen/Qwen3-8B-FC"
@@ -36,20 +45,45 @@ def render_step(calls: list[dict]) -> str:
     )
 
 
+def render_ood_step(step: dict, prompt_mode: str = "bfcl_qwen_fc") -> str:
+    """An OOD step as bfcl should read it: its calls that ran, its text if it was the answer, else the calls the
+    environment refused (bfcl would have run them: they are no answer either)."""
+    if step["calls"]:
+        return render_step(step["calls"])
+    if step.get("error_type") in (None, STEP_PARSE_ERROR):
+        return step["text"]
+    named = [{"name": c.name, "arguments": c.arguments} for c in parse_assistant(step["text"], prompt_mode).calls]
+    return render_step([c for c in named if isinstance(c["name"], str) and isinstance(c["arguments"], dict)])
+
+
 def bfcl_entry(record: dict) -> dict:
     tokens = record.get("tokens", {})
+    if record["category"] in OOD_CATEGORIES:
+        mode = (record.get("source") or {}).get("tool_prompt_mode", "bfcl_qwen_fc")
+        result = [[render_ood_step(step, mode) for step in turn] for turn in record["turns"]]
+    else:
+        result = [[render_step(step["calls"]) for step in turn] for turn in record["turns"]]
     return {
         "id": record["task_id"],
-        "result": [[render_step(step["calls"]) for step in turn] for turn in record["turns"]],
+        "result": result,
         "input_token_count": tokens.get("prompt", 0),
         "output_token_count": tokens.get("completion", 0),
     }
 
 
+def bfcl_category(category: str) -> str:
+    """bfcl's name of one of our categories (``base`` -> ``multi_turn_base``; OOD names are bfcl's already)."""
+    return category if category in OOD_CATEGORIES else CATEGORY_PREFIX + category
+
+
 def _category_file(folder: str, category: str, kind: str) -> str:
-    """bfcl's path of a multi-turn result or score file of our model under ``folder``."""
-    name = f"{VERSION_PREFIX}_{CATEGORY_PREFIX}{category}_{kind}.json"
-    return os.path.join(folder, BFCL_MODEL.replace("/", "_"), "multi_turn", name)
+    """bfcl's path of a result or score file of our model under ``folder``."""
+    name = f"{VERSION_PREFIX}_{bfcl_category(category)}_{kind}.json"
+    if category in MEMORY_CATEGORIES:
+        group = os.path.join("agentic", "memory", category.removeprefix("memory_"))
+    else:
+        group = "agentic" if category in OOD_CATEGORIES else "multi_turn"
+    return os.path.join(folder, BFCL_MODEL.replace("/", "_"), group, name)
 
 
 def result_file(result_dir: str, category: str) -> str:
@@ -69,7 +103,7 @@ def write_result_files(records: list[dict], result_dir: str) -> dict[str, str]:
     for category, rows in sorted(by_category.items()):
         path = result_file(result_dir, category)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        rows.sort(key=lambda r: int(r["task_id"].rsplit("_", 1)[1]))
+        rows.sort(key=lambda r: int(r["task_id"].rsplit("_", 1)[1].split("-")[0]))
         with open(path, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(bfcl_entry(row), ensure_ascii=False) + "\n")

@@ -55,7 +55,7 @@ def _narrowed_registry(model: str) -> types.ModuleType:
 
 
 def main(argv: list[str]) -> int:
-    from seal.eval.bfcl_files import BFCL_MODEL
+    from seal.eval.bfcl_files import BFCL_MODEL, bfcl_category
 
     root, categories = argv[0], argv[1:]
     try:
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     from bfcl_eval.eval_checker import eval_runner
 
     eval_runner.main(
-        [BFCL_MODEL], [f"multi_turn_{c}" for c in categories], f"{root}/result", f"{root}/score", partial_eval=True
+        [BFCL_MODEL], [bfcl_category(c) for c in categories], f"{root}/result", f"{root}/score", partial_eval=True
     )
     return 0
 

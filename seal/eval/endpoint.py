@@ -77,14 +77,23 @@ Generate = Callable[[list[dict]], tuple[str, dict]]
 
 
 def run_episode(
-    task_id: str, generate: Generate, env, env_params: dict, reward: dict | None, max_model_calls: int, source: dict
+    task_id: str,
+    generate: Generate,
+    env,
+    env_params: dict,
+    reward: dict | None,
+    max_model_calls: int,
+    source: dict,
+    memory_snapshot: dict | None = None,
 ) -> dict:
-    """One validation episode of ``task_id`` with ``generate`` as the model; the record for the results file."""
+    """One validation episode of ``task_id`` with ``generate`` as the model; the record for the results file.
+    ``memory_snapshot``: the memory an OOD memory episode starts from (``seal/eval/ood.py``)."""
     tokens = {"prompt": 0, "completion": 0}
     log = TurnLog(env_params.get("tool_prompt_mode", "bfcl_qwen_fc"))
     calls, termination = 0, "completed"
     try:
-        created = env.create(task_id, "validate", env_params)
+        snapshot = {} if memory_snapshot is None else {"memory_snapshot": memory_snapshot}
+        created = env.create(task_id, "validate", env_params, **snapshot)
     except EnvServiceError as exc:
         return make_record(
             task_id,
@@ -156,12 +165,8 @@ def run_endpoint(
     the number of records written."""
     from tqdm import tqdm
 
-    from env_service.auth import resolve_secret
-
-    env = make_client(env_url, retries=2, secret=resolve_secret(secret_file=env_secret_file))
+    env, generate, source = _connect(settings, env_url, env_secret_file)
     env_params = env_params or {}
-    generate = functools.partial(chat, settings, session=requests.Session())
-    source = {"mode": "endpoint", "endpoint": settings.url, "model": settings.model}
     written = 0
     with (
         ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool,
@@ -178,3 +183,41 @@ def run_endpoint(
             bar.set_postfix(passed=record["valid"], refresh=False)
             bar.update()
     return written
+
+
+def _connect(settings: EndpointSettings, env_url: str | None, env_secret_file: str | None):
+    """(environment client, the endpoint as a ``Generate``, the records' ``source``)."""
+    from env_service.auth import resolve_secret
+
+    env = make_client(env_url, retries=2, secret=resolve_secret(secret_file=env_secret_file))
+    generate = functools.partial(chat, settings, session=requests.Session())
+    return env, generate, {"mode": "endpoint", "endpoint": settings.url, "model": settings.model}
+
+
+def run_endpoint_ood(
+    task_ids: list[str],
+    settings: EndpointSettings,
+    results_path: str,
+    out_dir: str,
+    *,
+    env_url: str | None = None,
+    env_secret_file: str | None = None,
+    env_params: dict | None = None,
+    concurrency: int = 4,
+    progress: bool = True,
+) -> int:
+    """The out-of-distribution questions ``task_ids`` against the endpoint (``seal/eval/ood.py``: memory scenarios'
+    prerequisite conversations first); returns the number of records written."""
+    from tqdm import tqdm
+
+    from seal.eval.ood import run_ood
+
+    env, generate, source = _connect(settings, env_url, env_secret_file)
+    env_params = env_params or {}
+    source = {**source, "tool_prompt_mode": env_params.get("tool_prompt_mode", "bfcl_qwen_fc")}
+
+    def run(task_id: str, memory_snapshot: dict | None) -> dict:
+        return run_episode(task_id, generate, env, env_params, None, settings.max_model_calls, source, memory_snapshot)
+
+    with tqdm(total=len(task_ids), desc=f"ood {settings.model}", disable=not progress, unit="task") as bar:
+        return run_ood(task_ids, run, results_path, out_dir, concurrency, source, on_record=lambda r: bar.update())

@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from env_service.ood_tasks import ood_category
 from env_service.parser import parse_assistant
 from env_service.vocabulary import short_category, task_category
 
@@ -100,6 +101,10 @@ class TurnLog:
         return [list(t) for t in self.turns]
 
 
+#: What an OOD evaluation adds to a record (``env_service.ood_episode``).
+OOD_FIELDS = ("kind", "scenario", "answer", "possible_answers", "memory_snapshot")
+
+
 def make_record(
     task_id: str,
     evaluation: dict | None,
@@ -113,9 +118,9 @@ def make_record(
     error: str = "",
 ) -> dict:
     evaluation = evaluation or {}
-    return {
+    record = {
         "task_id": task_id,
-        "category": short_category(evaluation.get("category") or task_category(task_id)),
+        "category": short_category(evaluation.get("category") or ood_category(task_id) or task_category(task_id)),
         "valid": bool(evaluation.get("valid", False)) and not failed,
         "reward": float(evaluation.get("reward", 0.0)),
         "progress": float(evaluation.get("progress", 0.0)),
@@ -130,6 +135,10 @@ def make_record(
         "tokens": {k: int(v) for k, v in tokens.items()},
         "source": source,
     }
+    for key in OOD_FIELDS:  # an out-of-distribution task's answer, or a prerequisite's memory snapshot
+        if key in evaluation:
+            record[key] = evaluation[key]
+    return record
 
 
 def scored(records: Iterable[dict]) -> list[dict]:

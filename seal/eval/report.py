@@ -16,6 +16,7 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+from env_service.ood_tasks import OOD_CATEGORIES
 from env_service.vocabulary import CATEGORIES
 from seal.eval.records import load_records, scored
 
@@ -68,6 +69,26 @@ def accuracy_table(records: list[dict]) -> dict[str, Cell]:
             table[category] = binomial_cell(sum(bool(r["valid"]) for r in rows), len(rows))
     table["average"] = average_cell(list(table.values()))
     return table
+
+
+def ood_table(records: list[dict]) -> dict[str, Cell]:
+    """{category: Cell} for the out-of-distribution categories present (never part of the Average)."""
+    kept = scored(records)
+    table = {}
+    for category in OOD_CATEGORIES:
+        rows = [r for r in kept if r["category"] == category]
+        if rows:
+            table[category] = binomial_cell(sum(bool(r["valid"]) for r in rows), len(rows))
+    return table
+
+
+def ood_markdown(table: dict[str, Cell]) -> str:
+    if not table:
+        return ""
+    lines = ["", "Out-of-distribution (evaluate-only; not in the Average):", "", "| category | accuracy | n |"]
+    lines.append("| --- | ---: | ---: |")
+    lines += [f"| {c} | {pct(cell)} | {cell.n} |" for c, cell in table.items()]
+    return "\n".join(lines) + "\n"
 
 
 def failure_profile(records: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
@@ -140,6 +161,7 @@ def write_report(results_path: str, out_dir: str, name: str) -> dict:
     """Write ``table.{md,csv,json}`` and ``failure_profile.{md,json}`` next to the results; return the JSON."""
     records = load_records(results_path)
     table = accuracy_table(records)
+    ood = ood_table(records)
     profile = failure_profile(records)
     failed = [r["task_id"] for r in records if r.get("failed")]
     os.makedirs(out_dir, exist_ok=True)
@@ -149,11 +171,12 @@ def write_report(results_path: str, out_dir: str, name: str) -> dict:
         "episodes": len(records),
         "env_failures": failed,
         "table": {k: asdict(v) for k, v in table.items()},
+        "ood_table": {k: asdict(v) for k, v in ood.items()},
         "failure_profile": profile,
     }
     note = f"\n{len(failed)} episode(s) the environment could not run are left out: {failed}\n" if failed else ""
     with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(markdown_table({name: table}) + note)
+        f.write(markdown_table({name: table}) + ood_markdown(ood) + note)
     with open(os.path.join(out_dir, "table.csv"), "w") as f:
         f.write(csv_table({name: table}))
     with open(os.path.join(out_dir, "table.json"), "w") as f:

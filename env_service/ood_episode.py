@@ -1,0 +1,244 @@
+"""Episodes of the out-of-distribution tasks (``ood_tasks.py``): bfcl's memory and web-search categories,
+evaluate-only, with the same mechanics as a multi-turn :class:`~env_service.episode.Episode`.
+
+The turn mechanics, parser, limits and executor are the multi-turn episode's: tool calls are parsed from the
+model's text and dispatched by name with literal JSON arguments to the public methods of bfcl's own backend
+class (``MemoryAPI_kv``, ``MemoryAPI_rec_sum``, ``MemoryAPI_vector``, ``WebSearchAPI``); nothing is evaluated.
+What differs:
+
+* the system message is bfcl's: for memory, ``add_memory_instruction_system_prompt`` (the scenario's setting and
+  the core memory the episode starts with), before bfcl's answer-format instruction on questions; then the tools,
+  as bfcl's Qwen function-calling prompt places them;
+* memory state flows between episodes as bfcl's snapshot (the JSON its backend flushes): an episode is created
+  with the snapshot the previous prerequisite of its scenario left (``memory_snapshot``), the backend loads it
+  through bfcl's own ``_load_scenario`` from a private scratch folder, and a prerequisite's evaluation hands back
+  the snapshot its backend flushes at the end (bfcl's ``_flush_memory_to_local_file``). The first prerequisite
+  of a chain starts empty whatever it is given, as in bfcl. Snapshots are capped at
+  :data:`~env_service.ood_tasks.MAX_SNAPSHOT_BYTES`;
+* the verdict of a question is bfcl's ``agentic_checker`` on the last message that ran no tool call (bfcl checks
+  the last step its decoder finds no call in: a plain answer, or a message it cannot decode); a prerequisite is not
+  scored (``valid`` None). There are no progress tags or paper labels.
+
+Train mode is refused: these tasks are never trained on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from env_service import _bfcl, prompts, tasks
+from env_service.calls import backend_class
+from env_service.config import EnvConfig, RewardConfig, ServiceLimits
+from env_service.episode import Episode, StepResult
+from env_service.executor import BackendSession, clip_text
+from env_service.ood_tasks import (
+    KIND_PREREQ,
+    MAX_SNAPSHOT_BYTES,
+    OodTask,
+    is_ood_task,
+    load_ood_task,
+    unavailable_reason,
+)
+from env_service.vocabulary import MODE_TRAIN, MODE_VALIDATE, STEP_PARSE_ERROR
+
+#: bfcl's error type when no message without a tool call exists (``_evaluate_single_agentic_entry``).
+NO_ANSWER_ERROR = "agentic:no_last_message"
+
+
+def evaluate_only_message(task_id: str) -> str:
+    return (
+        f"{task_id} is an out-of-distribution task (bfcl's memory / web-search categories): evaluate-only, "
+        f"never trained on; create it in '{MODE_VALIDATE}' mode"
+    )
+
+
+def snapshot_bytes(snapshot: Any) -> int:
+    return len(json.dumps(snapshot, ensure_ascii=False).encode("utf-8"))
+
+
+def check_snapshot(snapshot: Any) -> dict | None:
+    """A memory snapshot as an episode takes it: None or a JSON object within the size cap (ValueError else)."""
+    if snapshot is None:
+        return None
+    if not isinstance(snapshot, dict):
+        raise ValueError(f"memory_snapshot must be a JSON object, got {type(snapshot).__name__}")
+    size = snapshot_bytes(snapshot)
+    if size > MAX_SNAPSHOT_BYTES:
+        raise ValueError(f"memory_snapshot has {size} bytes; the limit is {MAX_SNAPSHOT_BYTES}")
+    return snapshot
+
+
+class OodEpisode(Episode):
+    """An episode of an :class:`~env_service.ood_tasks.OodTask` (see the module docstring)."""
+
+    def __init__(
+        self,
+        task: OodTask,
+        mode: str = MODE_VALIDATE,
+        config: EnvConfig | None = None,
+        limits: ServiceLimits | None = None,
+        memory_snapshot: dict | None = None,
+    ):
+        if mode == MODE_TRAIN:
+            raise ValueError(evaluate_only_message(task.id))
+        reason = unavailable_reason(task.category)
+        if reason:
+            raise ValueError(reason)
+        if memory_snapshot is not None and not task.is_memory:
+            raise ValueError(f"{task.id} takes no memory snapshot (not a memory task)")
+        self._snapshot_in = check_snapshot(memory_snapshot)
+        self._snapshot_out: dict | None = None
+        self._answers: list[str] = []  # the messages that ran no tool call, in order
+        self._scratch = tempfile.mkdtemp(prefix="seal-ood-")
+        try:
+            super().__init__(task, mode, config, None, limits)
+        except BaseException:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
+        self.info["memory_snapshot_in"] = self._snapshot_in is not None
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def _active(self, block) -> bool:
+        return False  # the original interface: no train-only feature ever applies
+
+    def _open_session(self) -> BackendSession:
+        task: OodTask = self.task
+        if task.backend == "MemoryAPI_vector":
+            # bfcl loads the embedding model when its module is imported; it is in the local cache (checked
+            # above), so never let the hub client try the network for it.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        instance = backend_class(task.backend)()
+        if task.is_memory:
+            root = Path(self._scratch)
+            if self._snapshot_in is not None:  # where bfcl's _prepare_snapshot looks for the scenario's state
+                folder = root / _bfcl.get_directory_structure_by_id(task.id) / "memory_snapshot"
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"{task.scenario}_final.json").write_text(json.dumps(self._snapshot_in), encoding="utf-8")
+            config = {"model_result_dir": root, "scenario": task.scenario, "test_id": task.id}
+            instance._load_scenario({**config, "test_category": task.category})
+        else:
+            instance._load_scenario({"show_snippet": "no_snippet" not in task.category})
+        return BackendSession(task, allowed=self._allowed_names(), instances={task.backend: instance})
+
+    def _system_prompt(self, cues: str) -> str:
+        task: OodTask = self.task
+        question = copy.deepcopy(task.question)
+        if task.is_memory:
+            instance = self._session.instances[task.backend]
+            question = _bfcl.add_memory_instruction_system_prompt(question, task.category, task.scenario, instance)
+        first = question[0][0] if question and question[0] else {}
+        system = first.get("content", "") if first.get("role") == "system" else ""
+        tool_prompt = prompts.tools_system_prompt(self._tools, self.config.tool_prompt_mode)
+        return f"{system}\n\n{tool_prompt}" if system else tool_prompt
+
+    # -- steps and verdict ----------------------------------------------------------------------
+
+    def step(self, assistant_text: str) -> StepResult:
+        result = super().step(assistant_text)
+        info = result.info
+        if not info.get("num_calls") and info.get("error_type") in (None, STEP_PARSE_ERROR):
+            self._answers.append(assistant_text)
+        return result
+
+    @property
+    def answer(self) -> str | None:
+        """The message the checker reads: the last one that ran no tool call (None before there is one)."""
+        return self._answers[-1] if self._answers else None
+
+    def memory_snapshot(self) -> dict | None:
+        """What bfcl's backend flushes now (prerequisites only; None otherwise); the last one after close."""
+        task: OodTask = self.task
+        if task.kind != KIND_PREREQ:
+            return None
+        if self._session.closed:
+            return self._snapshot_out
+        instance = self._session.instances[task.backend]
+        instance._flush_memory_to_local_file()
+        with open(instance.latest_snapshot_file, encoding="utf-8") as f:
+            self._snapshot_out = json.load(f)
+        return self._snapshot_out
+
+    def evaluate(self, reward_cfg: RewardConfig | None = None) -> dict:
+        task: OodTask = self.task
+        result: dict[str, Any] = {
+            "task_id": task.id,
+            "category": task.category,
+            "kind": task.kind,
+            "scenario": task.scenario,
+            "tags": [],
+            "labels": [],
+            "num_turns": len(self._records),
+            "num_steps": self._num_steps,
+            "terminated": self._terminated,
+        }
+        if task.kind == KIND_PREREQ:
+            snapshot = self.memory_snapshot()
+            size = snapshot_bytes(snapshot)
+            if size > MAX_SNAPSHOT_BYTES:
+                return {**result, "valid": None, "reward": 0.0, "progress": 0.0, "memory_snapshot": None,
+                        "error_type": "memory_snapshot_too_large",
+                        "error_message": f"{size} bytes; the limit is {MAX_SNAPSHOT_BYTES}"}  # fmt: skip
+            return {**result, "valid": None, "reward": 0.0, "progress": 0.0, "error_type": None,
+                    "memory_snapshot": snapshot, "memory_snapshot_bytes": size}  # fmt: skip
+        answer = self.answer
+        if answer is None:
+            valid, error_type = False, NO_ANSWER_ERROR
+        else:
+            checked = _bfcl.agentic_checker(answer, task.possible_answers)
+            valid, error_type = bool(checked["valid"]), checked.get("error_type")
+        return {
+            **result,
+            "valid": valid,
+            "reward": float(valid),
+            "progress": float(valid),
+            "error_type": error_type,
+            "answer": None if answer is None else clip_text(answer, self.limits.max_reply_bytes),
+            "possible_answers": list(task.possible_answers),
+        }
+
+    def close(self) -> None:
+        if not self._session.closed:
+            try:
+                self.memory_snapshot()
+            except (OSError, ValueError):
+                pass  # the snapshot is only needed by an evaluation that already happened or never will
+        super().close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def load_any_task(task_id: str):
+    """A multi-turn :class:`~env_service.tasks.Task` or an :class:`OodTask` (KeyError for unknown ids)."""
+    return load_ood_task(task_id) if is_ood_task(task_id) else tasks.load_task(task_id)
+
+
+def new_episode(
+    task,
+    mode: str,
+    config: EnvConfig | None = None,
+    profile: dict | None = None,
+    limits: ServiceLimits | None = None,
+    memory_snapshot: dict | None = None,
+) -> Episode:
+    """The episode of ``task``: an :class:`OodEpisode` for an OOD task, else a multi-turn :class:`Episode`."""
+    if isinstance(task, OodTask):
+        return OodEpisode(task, mode, config, limits, memory_snapshot)
+    if memory_snapshot is not None:
+        raise ValueError(f"{task.id} takes no memory snapshot (not a memory task)")
+    return Episode(task, mode, config, profile, limits)
+
+
+__all__ = [
+    "NO_ANSWER_ERROR",
+    "OodEpisode",
+    "check_snapshot",
+    "evaluate_only_message",
+    "load_any_task",
+    "new_episode",
+]
