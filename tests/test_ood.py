@@ -351,3 +351,27 @@ def test_cli_endpoint_runs_memory_and_skips_what_cannot_run(tmp_path, monkeypatc
         assert _ScriptedChat.calls == calls and "3 already in" in capsys.readouterr().out
     finally:
         server.shutdown()
+
+
+def test_memory_flows_over_http_through_worker_processes():
+    """The production path: the HTTP service with episodes in worker processes; the chain's snapshot goes out of
+    one prerequisite's evaluation and into the next episode's create request."""
+    from env_service.client import EnvClient
+    from env_service.manager import EpisodeManager
+    from env_service.service import ServerThread
+
+    with ServerThread(EpisodeManager(workers=1)) as server, EnvClient(server.url, retries=0, timeout_s=60) as http:
+        snapshot = None
+        for task_id in prereq_chain("memory_rec_sum", "notetaker")[:2]:
+            iid = http.create(task_id, "validate", memory_snapshot=snapshot)["instance_id"]
+            http.step(iid, _call("memory_append", text=f"from {task_id}. "))
+            snapshot = http.evaluate(iid, release=True)["memory_snapshot"]
+        assert snapshot == {
+            "memory": "from memory_rec_sum_prereq_32-notetaker-0. from memory_rec_sum_prereq_33-notetaker-1. "
+        }
+        question = next(t for t in ood_task_ids("memory_rec_sum") if load_ood_task(t).scenario == "notetaker")
+        created = http.create(question, "validate", memory_snapshot=snapshot)
+        assert snapshot["memory"] in created["messages"][0]["content"]
+        with pytest.raises(EnvServiceError) as refused:
+            http.create(question, "train")
+        assert refused.value.status == 403
