@@ -323,6 +323,8 @@ class EpisodeManager:
         if memory_snapshot is not None and not ood_tasks.is_ood_task(task_id):
             raise BadRequest(f"{task_id} takes no memory_snapshot (only the OOD memory tasks do)")
         fingerprint = _request_fingerprint(task_id, mode, params)
+        if memory_snapshot is not None:  # a retried create must carry the same memory
+            fingerprint += json.dumps(memory_snapshot, sort_keys=True)
         if instance_id is not None:
             instance_id = check_instance_id(instance_id)
             replay = self._replayed_create(instance_id, fingerprint)

@@ -73,8 +73,6 @@ class OodTask:
     possible_answers: list[str]
     prereqs: tuple[str, ...]
 
-    #: Never trained on (the service and the launcher check it).
-    evaluate_only = True
     #: The episode mechanics read this: OOD backends have no long-context variant.
     long_context = False
 

@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from env_service.ood_tasks import is_ood_task
 from env_service.vocabulary import CATEGORIES
 from seal.eval.records import load_records, scored
 from seal.eval.report import Cell, accuracy_table, average_cell, binomial_cell
@@ -105,7 +106,8 @@ def load_run(path: str, name: str | None = None, step: str = "last", val_file: s
     name = name or os.path.basename(os.path.normpath(path))
     results = os.path.join(path, "results.jsonl")
     if os.path.exists(results):
-        records = scored(load_records(results))
+        # The paper's tables: the out-of-distribution questions (``seal/eval/ood.py``) stay out.
+        records = [r for r in scored(load_records(results)) if not is_ood_task(r["task_id"])]
         return RunResult(name, path, accuracy_table(records), {r["task_id"]: bool(r["valid"]) for r in records})
     validations = validation_steps(read_metrics(path))
     if not validations:
