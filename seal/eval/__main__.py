@@ -153,30 +153,18 @@ def main(argv: list[str] | None = None) -> int:
             max_model_calls=args.max_model_calls or 20,
         )
         pending, ood_pending = _pending(args, results_path)
-        run_endpoint(
-            pending,
-            settings,
-            results_path,
-            env_url=args.env_url,
-            env_secret_file=args.env_secret_file,
-            env_params={"tool_prompt_mode": args.tool_prompt_mode},
-            concurrency=args.concurrency,
-            progress=not args.no_progress,
-        )
+        shared = {
+            "env_url": args.env_url,
+            "env_secret_file": args.env_secret_file,
+            "env_params": {"tool_prompt_mode": args.tool_prompt_mode},
+            "concurrency": args.concurrency,
+            "progress": not args.no_progress,
+        }
+        run_endpoint(pending, settings, results_path, **shared)
         if ood_pending:
             from seal.eval.endpoint import run_endpoint_ood
 
-            run_endpoint_ood(
-                ood_pending,
-                settings,
-                results_path,
-                out_dir,
-                env_url=args.env_url,
-                env_secret_file=args.env_secret_file,
-                env_params={"tool_prompt_mode": args.tool_prompt_mode},
-                concurrency=args.concurrency,
-                progress=not args.no_progress,
-            )
+            run_endpoint_ood(ood_pending, settings, results_path, out_dir, **shared)
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 
