@@ -9,6 +9,7 @@ Outputs (under ``--out-dir``, default ``data/``):
   (the released split's order).
 * ``cpu_tiny_train.parquet`` / ``cpu_tiny_heldout.parquet``: the embedded CPU recipe's tasks (see below).
 * ``gpu_smoke_heldout.parquet``: the GPU smoke recipe's validation tasks (see below).
+* ``cpu_learning_train.parquet``: the CPU learning check's train tasks (see below).
 
 Parquet columns (verl RLHFDataset layout): ``data_source`` (``multi_turn_<category>``, the
 validation metric key), ``prompt`` (``[{"role": "user", "content": <task id>}]``: a placeholder, the
@@ -58,7 +59,19 @@ TINY_HELDOUT_FILE = "cpu_tiny_heldout.parquet"
 # exp/gpu_smoke.yaml validates on the 2 held-out tasks of each category with the shortest tool schemas: a node
 # check that still covers every category in a minute of validation.
 GPU_SMOKE_HELDOUT_FILE = "gpu_smoke_heldout.parquet"
-OUTPUT_FILES = (SPLIT_FILE, TRAIN_FILE, HELDOUT_FILE, TINY_TRAIN_FILE, TINY_HELDOUT_FILE, GPU_SMOKE_HELDOUT_FILE)
+# exp/cpu_learning.yaml trains on 2 train tasks of 2 turns with one call each (the same tasks as the tiny
+# model's small tokenizer, seal/cpu/tiny_model.py BPE_TOKENIZERS): short enough for a tiny model to learn on CPU.
+LEARNING_TRAIN_FILE = "cpu_learning_train.parquet"
+LEARNING_TRAIN_IDS = ["multi_turn_base_100", "multi_turn_base_144"]
+OUTPUT_FILES = (
+    SPLIT_FILE,
+    TRAIN_FILE,
+    HELDOUT_FILE,
+    TINY_TRAIN_FILE,
+    TINY_HELDOUT_FILE,
+    GPU_SMOKE_HELDOUT_FILE,
+    LEARNING_TRAIN_FILE,
+)
 
 ABILITY = "multi_turn_function_calling"
 AGENT_NAME = "seal_bfcl"
@@ -163,6 +176,7 @@ def generate(out_dir: Path, seed: int = SPLIT_SEED) -> list[Path]:
     write_parquet(out_dir / TINY_TRAIN_FILE, tiny_ids("train", None, 2, seed), seed)
     write_parquet(out_dir / TINY_HELDOUT_FILE, tiny_ids("heldout", 1, None, seed), seed)
     write_parquet(out_dir / GPU_SMOKE_HELDOUT_FILE, tiny_ids("heldout", 2, None, seed), seed)
+    write_parquet(out_dir / LEARNING_TRAIN_FILE, LEARNING_TRAIN_IDS, seed)
     return [out_dir / name for name in OUTPUT_FILES]
 
 

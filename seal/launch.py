@@ -358,12 +358,21 @@ def _node_services(config: DictConfig, secret: str):
 
 
 def prepare(config: DictConfig) -> DictConfig:
-    """Materialise what the recipe needs: the offline tiny model (CPU recipe) and the agent-loop registration."""
+    """Materialise what the recipe needs: the offline tiny model (CPU recipes, optionally warm-started) and the
+    agent-loop registration."""
     tiny = config.seal.get("tiny_model")
     if tiny and tiny.get("build"):
         from seal.cpu.tiny_model import build_tiny_model
 
         build_tiny_model(tiny.out_dir, seed=int(tiny.seed), shape=tiny.get("shape", "default"))
+        warm = tiny.get("warm_start")
+        if warm:  # a few supervised steps on ground-truth episodes (seal/cpu/warm_start.py), cached
+            from seal.cpu.warm_start import warm_start
+
+            bfcl = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+            warm_start(
+                tiny.out_dir, warm.out_dir, list(warm.tasks), bfcl, int(warm.steps), float(warm.lr), int(tiny.seed)
+            )
     agent = config.actor_rollout_ref.rollout.agent
     if not agent.agent_loop_config_path:
         # verl's AgentLoopWorker reads this list and registers `seal_bfcl` in every agent-loop process.

@@ -63,6 +63,9 @@ class SealTrainer(RayPPOTrainer):
         self.run_uid = uuid.uuid4().hex  # a resumed run takes its own back from the checkpoint
         self.best.bind_run(self.run_uid)
         self.epoch_in_window: int | None = None
+        self.advantage_sign = int(seal.get("debug", {}).get("advantage_sign", 1))
+        if self.advantage_sign not in (1, -1):
+            raise ValueError(f"seal.debug.advantage_sign must be 1 or -1, got {self.advantage_sign}")
 
     # ---- the SEAL step ---------------------------------------------------------------------------
 
@@ -98,6 +101,8 @@ class SealTrainer(RayPPOTrainer):
             )
             batch.batch["advantages"] = advantages
             metrics.update(apatch_metrics)
+        if self.advantage_sign == -1:  # only the learning check's sign-flipped twin: it must fail to learn
+            batch.batch["advantages"] = -batch.batch["advantages"]
         if self.diagnosis_enabled and self.config.env_service.bfcl.capability_cues.enable:
             self._push_failure_profile()
         return metrics

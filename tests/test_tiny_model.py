@@ -102,6 +102,21 @@ def test_vllm_cpu_shape_suits_vllm_cpu_attention_and_leaves_the_default_alone():
         build_model(seed=0, shape="huge")
 
 
+def test_bfcl_bpe_shape_has_a_small_vocabulary_that_the_agent_loop_can_use():
+    from seal.cpu.tiny_model import BPE_TOKENIZERS, CHAT_TEMPLATE, build_tokenizer
+
+    tokenizer, again = build_tokenizer("bfcl_bpe"), build_tokenizer("bfcl_bpe")
+    assert tokenizer.get_vocab() == again.get_vocab()  # the trained BPE is deterministic: a rebuild keeps the ids
+    assert len(tokenizer) <= BPE_TOKENIZERS["bfcl_bpe"]["vocab_size"] + 26
+    assert len(tokenizer.encode("\n", add_special_tokens=False)) == 1  # verl's Qwen token builder needs it
+    assert tokenizer.chat_template == CHAT_TEMPLATE and tokenizer.eos_token == "<|im_end|>"
+    ids = tokenizer.encode("<|im_start|>assistant\n<tool_call>x</tool_call><|im_end|>", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "assistant\n<tool_call>x</tool_call>"
+    model = build_model(seed=0, shape="bfcl_bpe", tokenizer=tokenizer)
+    assert model.config.model_type == "qwen2" and len(tokenizer) <= model.config.vocab_size < 4096
+    assert model.generation_config.eos_token_id[0] == tokenizer.eos_token_id
+
+
 def test_saved_model_loads_offline_with_same_weights(tiny_dir):
     import torch
     from transformers import AutoModelForCausalLM

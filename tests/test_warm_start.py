@@ -1,0 +1,82 @@
+"""The warm start's examples are the agent loop's token stream of a ground-truth episode, and a few steps on them
+make the model more likely to produce the ground truth."""
+
+from __future__ import annotations
+
+import pytest
+
+from env_service.config import EnvConfig
+from env_service.episode import Episode
+from env_service.replay import ground_truth_messages
+from env_service.tasks import load_task
+from seal.cpu.warm_start import episode_tokens, warm_start
+
+TASK = "multi_turn_base_100"  # two turns, one call each (exp/cpu_learning.yaml)
+ENV = {"observation_lite": {"enable": True}}  # the train-only cues change the prompt: they must be in the examples
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    from seal.cpu.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("bpe") / "model", shape="bfcl_bpe")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(bpe_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(bpe_dir)
+
+
+def conversation(task_id: str, env: dict) -> tuple[list[dict], list[str]]:
+    """The whole ground-truth conversation as chat messages (the environment's turns as user messages)."""
+    task, config = load_task(task_id), EnvConfig.from_dict(env)
+    episode = Episode(task, "train", config)
+    messages, texts = episode.initial_messages(), ground_truth_messages(task, config.tool_prompt_mode)
+    for text in texts:
+        messages.append({"role": "assistant", "content": text})
+        step = episode.step(text)
+        if step.terminated:
+            break
+        messages.append({"role": "user", "content": step.message["content"]})
+    episode.close()
+    return messages, texts
+
+
+def test_examples_are_the_chat_rendering_of_the_episode_with_the_model_turns_as_targets(tokenizer):
+    ids, mask = episode_tokens(TASK, ENV, tokenizer, "qwen2")
+    messages, texts = conversation(TASK, ENV)
+    # one token stream for the whole episode, exactly the chat template's rendering of the conversation (the
+    # agent loop stops after the last <|im_end|>, the template adds a newline)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert tokenizer.decode(ids) == rendered.removesuffix("\n")
+    assert "[required]" in rendered  # the train-mode prompt
+    targets, current = [], []
+    for token, target in zip(ids, mask):
+        if target:
+            current.append(token)
+        elif current:
+            targets, current = [*targets, current], []
+    targets.append(current)
+    assert [tokenizer.decode(t) for t in targets] == [text + "<|im_end|>" for text in texts]
+
+
+def test_warm_start_raises_the_likelihood_of_the_ground_truth_and_is_cached(bpe_dir, tokenizer, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids, mask = episode_tokens(TASK, ENV, tokenizer, "qwen2")
+
+    def target_nll(model_dir) -> float:
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1], -1)
+        picked = logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        return -float(picked[torch.tensor(mask[1:]) == 1].mean())
+
+    out = warm_start(bpe_dir, tmp_path / "warm", [TASK], ENV, steps=8, lr=3e-3)
+    assert target_nll(out) < target_nll(bpe_dir) - 1.0
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert warm_start(bpe_dir, tmp_path / "warm", [TASK], ENV, steps=8, lr=3e-3) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp  # the same spec is not trained again
