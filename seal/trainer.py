@@ -63,9 +63,11 @@ class SealTrainer(RayPPOTrainer):
         self.run_uid = uuid.uuid4().hex  # a resumed run takes its own back from the checkpoint
         self.best.bind_run(self.run_uid)
         self.epoch_in_window: int | None = None
-        self.advantage_sign = int(seal.get("debug", {}).get("advantage_sign", 1))
+        debug = seal.get("debug", {})
+        self.advantage_sign = int(debug.get("advantage_sign", 1))
         if self.advantage_sign not in (1, -1):
             raise ValueError(f"seal.debug.advantage_sign must be 1 or -1, got {self.advantage_sign}")
+        self.positive_advantages_only = bool(debug.get("positive_advantages_only", False))
 
     # ---- the SEAL step ---------------------------------------------------------------------------
 
@@ -101,6 +103,11 @@ class SealTrainer(RayPPOTrainer):
             )
             batch.batch["advantages"] = advantages
             metrics.update(apatch_metrics)
+        if self.positive_advantages_only:
+            # The CPU learning check's tiny model: negative advantages push down the noise that follows a failed
+            # call, made of the same JSON tokens a correct call needs, and undo the warm start faster than the
+            # positive ones improve it.
+            batch.batch["advantages"] = batch.batch["advantages"].clamp(min=0)
         if self.advantage_sign == -1:  # only the learning check's sign-flipped twin: it must fail to learn
             batch.batch["advantages"] = -batch.batch["advantages"]
         if self.diagnosis_enabled and self.config.env_service.bfcl.capability_cues.enable:
