@@ -370,8 +370,16 @@ def prepare(config: DictConfig) -> DictConfig:
             from seal.cpu.warm_start import warm_start
 
             bfcl = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+            decoys = OmegaConf.to_container(warm.get("decoys") or {}, resolve=True)
             warm_start(
-                tiny.out_dir, warm.out_dir, list(warm.tasks), bfcl, int(warm.steps), float(warm.lr), int(tiny.seed)
+                tiny.out_dir,
+                warm.out_dir,
+                list(warm.tasks),
+                bfcl,
+                int(warm.steps),
+                float(warm.lr),
+                int(tiny.seed),
+                decoys,
             )
     agent = config.actor_rollout_ref.rollout.agent
     if not agent.agent_loop_config_path:

@@ -67,7 +67,6 @@ class SealTrainer(RayPPOTrainer):
         self.advantage_sign = int(debug.get("advantage_sign", 1))
         if self.advantage_sign not in (1, -1):
             raise ValueError(f"seal.debug.advantage_sign must be 1 or -1, got {self.advantage_sign}")
-        self.positive_advantages_only = bool(debug.get("positive_advantages_only", False))
 
     # ---- the SEAL step ---------------------------------------------------------------------------
 
@@ -103,11 +102,6 @@ class SealTrainer(RayPPOTrainer):
             )
             batch.batch["advantages"] = advantages
             metrics.update(apatch_metrics)
-        if self.positive_advantages_only:
-            # The CPU learning check's tiny model: negative advantages push down the noise that follows a failed
-            # call, made of the same JSON tokens a correct call needs, and undo the warm start faster than the
-            # positive ones improve it.
-            batch.batch["advantages"] = batch.batch["advantages"].clamp(min=0)
         if self.advantage_sign == -1:  # only the learning check's sign-flipped twin: it must fail to learn
             batch.batch["advantages"] = -batch.batch["advantages"]
         if self.diagnosis_enabled and self.config.env_service.bfcl.capability_cues.enable:

@@ -196,15 +196,3 @@ def test_advantage_sign_flip_negates_what_the_normal_step_trains_on(tmp_path):
     assert torch.equal(flipped.batch["advantages"], -normal.batch["advantages"])
     with pytest.raises(ValueError, match="advantage_sign must be 1 or -1"):
         make_trainer(tmp_path / "bad", "seal.debug.advantage_sign=0")
-
-
-def test_positive_advantages_only_zeroes_the_negative_ones_before_the_sign(tmp_path):
-    static = "seal.apatch.dynamic.enable=false"
-    normal, positive, flipped = make_batch(ROWS)[0], make_batch(ROWS)[0], make_batch(ROWS)[0]
-    make_trainer(tmp_path / "normal", static)._seal_step(normal)
-    make_trainer(tmp_path / "positive", static, "seal.debug.positive_advantages_only=true")._seal_step(positive)
-    both = ("seal.debug.positive_advantages_only=true", "seal.debug.advantage_sign=-1")
-    make_trainer(tmp_path / "flipped", static, *both)._seal_step(flipped)
-    assert (normal.batch["advantages"] < 0).any()
-    assert torch.equal(positive.batch["advantages"], normal.batch["advantages"].clamp(min=0))
-    assert torch.equal(flipped.batch["advantages"], -positive.batch["advantages"])

@@ -80,3 +80,28 @@ def test_warm_start_raises_the_likelihood_of_the_ground_truth_and_is_cached(bpe_
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert warm_start(bpe_dir, tmp_path / "warm", [TASK], ENV, steps=8, lr=3e-3) == out
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp  # the same spec is not trained again
+
+
+def test_a_decoy_example_is_the_episode_of_the_wrong_first_call_with_its_real_replies(tokenizer):
+    decoy = ('"NVDA"', '"MSFT"')  # exp/cpu_learning.yaml's decoy of this task
+    ids, mask = episode_tokens(TASK, ENV, tokenizer, "qwen2")
+    decoy_ids, decoy_mask = episode_tokens(TASK, ENV, tokenizer, "qwen2", decoy)
+    text, decoy_text = tokenizer.decode(ids), tokenizer.decode(decoy_ids)
+    # the model's first call asks for the other symbol, and the environment answers that call (not the right one)
+    first_call = text.index('"symbol": "NVDA"')
+    assert decoy_text[:first_call] == text[:first_call]
+    assert decoy_text[first_call:].startswith('"symbol": "MSFT"')
+    reply = text[text.index("<tool_response>") : text.index("</tool_response>")]
+    decoy_reply = decoy_text[decoy_text.index("<tool_response>") : decoy_text.index("</tool_response>")]
+    assert reply != decoy_reply and '"price"' in decoy_reply
+    # the later turns are the ground truth's, still as targets
+    targets = tokenizer.decode([t for t, m in zip(decoy_ids, decoy_mask) if m])
+    assert "fund_account" in targets and "MSFT" in targets and "NVDA" not in targets
+    assert sum(decoy_mask) - sum(mask) == len(tokenizer.encode("MSFT")) - len(tokenizer.encode("NVDA"))
+
+
+def test_a_decoy_must_name_text_of_the_first_call_and_a_warm_start_task(bpe_dir, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="not in the first ground-truth message"):
+        episode_tokens(TASK, ENV, tokenizer, "qwen2", ("AAPL", "GOOG"))
+    with pytest.raises(ValueError, match="not warm-start tasks"):
+        warm_start(bpe_dir, tmp_path / "warm", [TASK], ENV, 1, 3e-3, decoys={"multi_turn_base_144": ["a", "b"]})

@@ -27,11 +27,15 @@ import tempfile
 from pathlib import Path
 
 SPEC_FILE = "seal_warm_start.json"
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 
 
-def episode_tokens(task_id: str, env_params: dict, tokenizer, model_type: str) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask (1 = a token the model generates) of the ground-truth episode of ``task_id``."""
+def episode_tokens(
+    task_id: str, env_params: dict, tokenizer, model_type: str, decoy: tuple[str, str] | None = None
+) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask (1 = a token the model generates) of the ground-truth episode of ``task_id``; with
+    ``decoy = (old, new)``, of the episode whose first call has ``old`` replaced by ``new`` (the environment's
+    replies are the ones that wrong call really gets)."""
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
     from env_service.config import EnvConfig
@@ -48,7 +52,13 @@ def episode_tokens(task_id: str, env_params: dict, tokenizer, model_type: str) -
         messages = episode.initial_messages()
         ids = list(builder.build_initial_tokens(messages))
         mask = [0] * len(ids)
-        for text in ground_truth_messages(task, config.tool_prompt_mode):
+        texts = ground_truth_messages(task, config.tool_prompt_mode)
+        if decoy:
+            old, new = decoy
+            if old not in texts[0]:
+                raise ValueError(f"decoy {old!r} is not in the first ground-truth message of {task_id}: {texts[0]!r}")
+            texts = [texts[0].replace(old, new), *texts[1:]]
+        for text in texts:
             generated = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
             ids += generated
             mask += [1] * len(generated)
@@ -67,12 +77,15 @@ def episode_tokens(task_id: str, env_params: dict, tokenizer, model_type: str) -
     return ids, mask
 
 
-def warm_start_spec(base_dir: Path, tasks: list[str], env_params: dict, steps: int, lr: float, seed: int) -> dict:
+def warm_start_spec(
+    base_dir: Path, tasks: list[str], env_params: dict, steps: int, lr: float, seed: int, decoys: dict
+) -> dict:
     base_spec = (base_dir / "seal_tiny_model.json").read_text() if (base_dir / "seal_tiny_model.json").exists() else ""
     return {
         "spec_version": SPEC_VERSION,
         "base_model_spec_sha": hashlib.sha256(base_spec.encode()).hexdigest()[:16],
         "tasks": list(tasks),
+        "decoys": {task: list(pair) for task, pair in decoys.items()},
         "env_params_sha": hashlib.sha256(json.dumps(env_params, sort_keys=True).encode()).hexdigest()[:16],
         "steps": steps,
         "lr": lr,
@@ -81,15 +94,31 @@ def warm_start_spec(base_dir: Path, tasks: list[str], env_params: dict, steps: i
 
 
 def warm_start(
-    base_dir: str | Path, out_dir: str | Path, tasks: list[str], env_params: dict, steps: int, lr: float, seed: int = 0
+    base_dir: str | Path,
+    out_dir: str | Path,
+    tasks: list[str],
+    env_params: dict,
+    steps: int,
+    lr: float,
+    seed: int = 0,
+    decoys: dict[str, list[str]] | None = None,
 ) -> Path:
-    """Train ``base_dir``'s model ``steps`` full-batch AdamW steps on the tasks' ground-truth episodes; write to
-    ``out_dir`` (returns at once when ``out_dir`` already holds this spec's result)."""
+    """Train ``base_dir``'s model ``steps`` full-batch AdamW steps on the tasks' ground-truth episodes, and on one
+    decoy episode per task named in ``decoys`` (``{task: [old, new]}``); write to ``out_dir`` (returns at once when
+    ``out_dir`` already holds this spec's result).
+
+    Why decoys: trained to convergence on a task's right and wrong first call alike, the model is sure of every
+    token but one choice, which it makes about half the time. GRPO then has a clear signal (groups that both pass
+    and fail) on a model that is not at a sharp, half-trained point where any update breaks it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base_dir, out_dir = Path(base_dir).resolve(), Path(out_dir).resolve()
-    spec = warm_start_spec(base_dir, tasks, env_params, steps, lr, seed)
+    decoys = dict(decoys or {})
+    unknown = sorted(set(decoys) - set(tasks))
+    if unknown:
+        raise ValueError(f"warm-start decoys name tasks that are not warm-start tasks: {unknown}")
+    spec = warm_start_spec(base_dir, tasks, env_params, steps, lr, seed, decoys)
     try:
         if json.loads((out_dir / SPEC_FILE).read_text()) == spec:
             return out_dir
@@ -97,7 +126,9 @@ def warm_start(
         pass
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    examples = [episode_tokens(task, env_params, tokenizer, model.config.model_type) for task in tasks]
+    model_type = model.config.model_type
+    examples = [episode_tokens(task, env_params, tokenizer, model_type) for task in tasks]
+    examples += [episode_tokens(task, env_params, tokenizer, model_type, tuple(pair)) for task, pair in decoys.items()]
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
