@@ -59,27 +59,27 @@ def average_cell(cells: list[Cell]) -> Cell:
     )
 
 
-def accuracy_table(records: list[dict]) -> dict[str, Cell]:
-    """{category: Cell} for the categories present, plus ``average``."""
+def category_cells(records: list[dict], categories) -> dict[str, Cell]:
+    """{category: Cell} over the scored episodes, for those of ``categories`` present, in their order."""
     kept = scored(records)
     table = {}
-    for category in CATEGORIES:
+    for category in categories:
         rows = [r for r in kept if r["category"] == category]
         if rows:
             table[category] = binomial_cell(sum(bool(r["valid"]) for r in rows), len(rows))
+    return table
+
+
+def accuracy_table(records: list[dict]) -> dict[str, Cell]:
+    """{category: Cell} for the categories present, plus ``average``."""
+    table = category_cells(records, CATEGORIES)
     table["average"] = average_cell(list(table.values()))
     return table
 
 
 def ood_table(records: list[dict]) -> dict[str, Cell]:
     """{category: Cell} for the out-of-distribution categories present (never part of the Average)."""
-    kept = scored(records)
-    table = {}
-    for category in OOD_CATEGORIES:
-        rows = [r for r in kept if r["category"] == category]
-        if rows:
-            table[category] = binomial_cell(sum(bool(r["valid"]) for r in rows), len(rows))
-    return table
+    return category_cells(records, OOD_CATEGORIES)
 
 
 def ood_markdown(table: dict[str, Cell]) -> str:
