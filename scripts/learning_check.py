@@ -2,15 +2,20 @@
 """Does training move reward? Run exp/cpu_learning.yaml and its sign-flipped twin on CPU and compare.
 
 Both runs go through the launcher: the real trainer, agent loop and environment service, the same warm-started
-tiny model (built once, cached under outputs/), GRPO on the same 2 train tasks. For each run the reward of every
+tiny model (built once, cached under outputs/), GRPO on the same train task. For each run the reward of every
 training episode is read from the run's rollout dump (``<run_dir>/rollout_log/<step>.jsonl``, verl's
 ``trainer.rollout_data_dir``), and the mean reward of the episodes of the last ``--window`` steps is compared
 with that of the first ``--window`` steps; the standard error of each window mean is the episodes' standard
 deviation over the square root of their number.
 
 Pass: the normal run rises by more than ``--sigmas`` standard errors and by at least ``--margin``, and the flipped
-run does not (its difference stays below the same bar). Exit status 0 on pass, 1 on fail. A comparison figure
-(reward over steps, both runs, ± one standard error) is written to ``<out>/reward_normal_vs_flipped.png``.
+run does not (its difference stays below the same bar). Exit status 0 on pass, 1 on fail.
+
+Under the reward, the mechanism: each episode's first call is classified by the recipe's warm-start decoys as the
+right one, a decoy, or neither, and the share of right first calls is printed per step. Two comparison figures
+(both runs, ± one standard error): ``<out>/reward_normal_vs_flipped.png`` (mean episode reward per step) and
+``<out>/right_first_call_normal_vs_flipped.png`` (share of right first calls per step); the numbers are in
+``<out>/learning_check.json``.
 
     python scripts/learning_check.py --out experiments/learning_check
 """
@@ -30,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from seal.figures import _figure, _save  # noqa: E402
+from seal.figures import reward_over_steps  # noqa: E402
+from seal.launch import compose_recipe  # noqa: E402
 
 RECIPES = {"normal": "exp/cpu_learning.yaml", "flipped": "exp/cpu_learning_flipped.yaml"}
 
@@ -95,21 +101,40 @@ def rises(result: dict, sigmas: float, margin: float) -> bool:
     return result["diff"] > sigmas * result["diff_se"] and result["diff"] >= margin
 
 
-def plot(series: dict[str, dict[int, list[float]]], path: Path) -> str:
-    fig = _figure(6.0, 3.6)
-    ax = fig.add_subplot(1, 1, 1)
-    for name, steps in series.items():
-        stats = [mean_se(rewards) for rewards in steps.values()]
-        mean, se = [m for m, _ in stats], [e for _, e in stats]
-        line = ax.plot(list(steps), mean, marker="o", markersize=3, label=name)[0]
-        low, high = [m - e for m, e in zip(mean, se)], [m + e for m, e in zip(mean, se)]
-        ax.fill_between(list(steps), low, high, color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("global step")
-    ax.set_ylabel("mean episode reward")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title("GRPO on CPU: training reward per step (± one standard error)")
-    ax.legend(fontsize=8)
-    return _save(fig, str(path))
+def recipe_decoys(recipe: str) -> dict[str, list[str]]:
+    """The recipe's warm-start decoys: ``{task: [old, new, ...]}``."""
+    return dict(compose_recipe(str(ROOT / recipe)).seal.tiny_model.warm_start.get("decoys") or {})
+
+
+def choice_roles(decoys: dict[str, list[str]]) -> dict[str, str]:
+    """{text: "right" | "decoy"} for the texts of warm-start decoys (``{task: [old, new, ...]}``): the first
+    ground-truth call's text is right, its replacements are decoys."""
+    roles: dict[str, str] = {}
+    for task, (right, *wrong) in decoys.items():
+        for text, role in ((right, "right"), *((w, "decoy") for w in wrong)):
+            if roles.setdefault(text, role) != role:
+                raise SystemExit(f"{text!r} is a right first call and a decoy ({task}): the choice is ambiguous")
+    return roles
+
+
+def first_call_choice(output: str, roles: dict[str, str]) -> str:
+    """What an episode's first call chose: "right", "decoy", or "other" (neither: a broken or different call)."""
+    first_call = output.split("</tool_call>", 1)[0]
+    found = {role for text, role in roles.items() if text in first_call}
+    return found.pop() if len(found) == 1 else "other"
+
+
+def first_call_choices(run_dir: Path, roles: dict[str, str]) -> dict[int, list[str]]:
+    """{step: [what the first call of each training episode of that step chose]} from the run's rollout dump."""
+    steps = {}
+    for path in (run_dir / "rollout_log").glob("*.jsonl"):
+        with open(path) as f:
+            steps[int(path.stem)] = [first_call_choice(json.loads(line)["output"], roles) for line in f if line.strip()]
+    return dict(sorted(steps.items()))
+
+
+def per_step(values: dict[int, list[float]]) -> dict[int, tuple[float, float]]:
+    return {step: mean_se(v) for step, v in values.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +155,25 @@ def main(argv: list[str] | None = None) -> int:
             wall[name] = run(name, out, args.overrides)
     series = {name: episode_rewards(out / name) for name in RECIPES}
     results = {name: compare(steps, args.window) for name, steps in series.items()}
-    figure = plot(series, out / "reward_normal_vs_flipped.png")
+    # the mechanism under the reward: how often the first call makes the one choice the warm start left open
+    right = {
+        name: {
+            step: [float(c == "right") for c in choices]
+            for step, choices in first_call_choices(out / name, choice_roles(recipe_decoys(RECIPES[name]))).items()
+        }
+        for name in RECIPES
+    }
+    figure = reward_over_steps(
+        {name: per_step(steps) for name, steps in series.items()},
+        str(out / "reward_normal_vs_flipped.png"),
+        title="GRPO on CPU: training reward per step (± one standard error)",
+    )
+    choice_figure = reward_over_steps(
+        {name: per_step(steps) for name, steps in right.items()},
+        str(out / "right_first_call_normal_vs_flipped.png"),
+        ylabel="share of right first calls",
+        title="the choice the warm start left open (± one standard error)",
+    )
 
     k = args.window
     for name, r in results.items():
@@ -145,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         math.hypot(results["normal"]["last_se"], results["flipped"]["last_se"]),
     )
     print(f"last {k} steps, normal - flipped: {gap:+.3f} ± {gap_se:.3f}")
+    for name, steps in right.items():
+        print(f"{name:8s} right first call per step: " + " ".join(f"{mean_se(v)[0]:.2f}" for v in steps.values()))
     normal_rises = rises(results["normal"], args.sigmas, args.margin)
     flipped_rises = rises(results["flipped"], args.sigmas, args.margin)
     verdict = normal_rises and not flipped_rises
@@ -156,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "last_normal_minus_flipped": {"diff": gap, "diff_se": gap_se},
         "mean_reward_per_step": {name: {s: mean_se(r)[0] for s, r in steps.items()} for name, steps in series.items()},
+        "right_first_call_per_step": {
+            name: {s: mean_se(v)[0] for s, v in steps.items()} for name, steps in right.items()
+        },
         "wall_s": wall,
-        "figure": figure,
+        "figures": [figure, choice_figure],
     }
     (out / "learning_check.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"figure: {figure}")
+    print(f"figures: {figure}, {choice_figure}")
     print(
         f"normal rises: {normal_rises}; flipped rises: {flipped_rises} "
         f"(rise = difference > {args.sigmas} SE and >= {args.margin}) -> {'PASS' if verdict else 'FAIL'}"

@@ -147,6 +147,33 @@ def apatch_scales(metrics: Mapping[int, Mapping[str, float]], path: str) -> str 
     return _save(fig, path)
 
 
+def reward_over_steps(
+    runs: Mapping[str, Mapping[int, tuple[float, float]]],
+    path: str,
+    ylabel: str = "mean episode reward",
+    title: str = "training reward per step (± one standard error)",
+) -> str | None:
+    """Training reward (or any per-step mean) over steps for several runs: ``runs[name][step] = (mean, se)``,
+    drawn as a line with a ± one standard error band."""
+    if not any(runs.values()):
+        return None
+    fig = _figure(6.0, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    for name, per_step in runs.items():
+        steps = sorted(per_step)
+        mean = [per_step[s][0] for s in steps]
+        se = [per_step[s][1] for s in steps]
+        line = ax.plot(steps, mean, marker="o", markersize=3, label=name)[0]
+        low, high = [m - e for m, e in zip(mean, se)], [m + e for m, e in zip(mean, se)]
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel("global step")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def run_figures(run_dir: str, out_dir: str | None = None) -> list[str]:
     """Every single-run figure of a training run, written to ``out_dir`` (default: the run directory)."""
     import glob

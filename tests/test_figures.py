@@ -66,3 +66,13 @@ def test_run_figures_from_a_run_directory(tmp_path):
         "label_shares.png",
         "accuracy_bands.png",
     }
+
+
+def test_reward_over_steps_draws_each_run_with_its_band(tmp_path):
+    runs = {"normal": {1: (0.25, 0.1), 2: (0.6, 0.1), 3: (0.9, 0.05)}, "flipped": {1: (0.25, 0.1), 2: (0.1, 0.05)}}
+    path = figures.reward_over_steps(runs, str(tmp_path / "r.png"))
+    assert path and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    one = figures.reward_over_steps({"normal": runs["normal"]}, str(tmp_path / "one.png"))
+    assert (tmp_path / "one.png").read_bytes() != (tmp_path / "r.png").read_bytes() and one
+    assert figures.reward_over_steps({"normal": {}}, str(tmp_path / "none.png")) is None
+    assert not (tmp_path / "none.png").exists()

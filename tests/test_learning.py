@@ -2,16 +2,14 @@
 GRPO through the launcher, trainer, agent loop and environment service) and its sign-flipped twin, and passes only
 if the normal run's reward rises clearly over its steps and the flipped run's does not.
 
-Both runs take about 10 minutes on 2 cores (plus ~2 minutes to build and warm-start the model the first time), and
-the check does not pass yet (README, "Training moves reward on CPU"), so the test is opt-in and not in CI:
-``SEAL_LEARNING_CHECK=1 python -m pytest -q tests/test_learning.py``.
-The statistics the check decides on are tested here without a run.
+Both runs take about 11 minutes on 2 cores, plus ~3 minutes to build and warm-start the model the first time (it
+is cached under outputs/). The check is in the suite (marked slow: ``-m "not slow"`` skips it with the other
+end-to-end runs). The statistics the check decides on are tested here without a run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,9 +42,29 @@ def test_mean_se_is_the_sample_standard_error():
     assert se == pytest.approx(statistics.stdev(values) / len(values) ** 0.5)
 
 
+def test_first_calls_are_classified_by_the_recipes_decoys():
+    roles = learning_check.choice_roles(learning_check.recipe_decoys(learning_check.RECIPES["normal"]))
+    assert roles == {'"NVDA"': "right", '"MSFT"': "decoy", '"TSLA"': "decoy", '"GOOG"': "decoy"}  # multi_turn_base_100
+
+    def call(symbol: str) -> str:
+        return f'<tool_call>\n{{"name": "get_stock_info", "arguments": {{"symbol": {symbol}}}}}\n</tool_call>'
+
+    assert learning_check.first_call_choice(call('"NVDA"') + "\nDone.", roles) == "right"
+    assert learning_check.first_call_choice(call('"GOOG"'), roles) == "decoy"
+    # only the first call counts, and a call that names no choice (a broken one) is neither
+    assert learning_check.first_call_choice(call('"MSFT"') + call('"NVDA"'), roles) == "decoy"
+    assert learning_check.first_call_choice(call('"NV DA"'), roles) == "other"
+    assert learning_check.first_call_choice("", roles) == "other"
+
+
+def test_a_text_that_is_both_right_and_a_decoy_is_refused():
+    decoys = {"multi_turn_base_100": ['"NVDA"', '"MSFT"'], "multi_turn_base_144": ['"AAPL"', '"NVDA"']}
+    with pytest.raises(SystemExit, match="ambiguous"):
+        learning_check.choice_roles(decoys)
+
+
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.skipif(os.environ.get("SEAL_LEARNING_CHECK") != "1", reason="opt-in (~10 min): SEAL_LEARNING_CHECK=1")
 def test_grpo_raises_reward_and_its_sign_flipped_twin_does_not(tmp_path):
     out = tmp_path / "learning_check"
     proc = subprocess.run(
@@ -63,4 +81,10 @@ def test_grpo_raises_reward_and_its_sign_flipped_twin_does_not(tmp_path):
     assert proc.returncode == 0, log
     assert normal["diff"] > 2 * normal["diff_se"] and normal["diff"] >= 0.15
     assert not flipped["diff"] > 2 * flipped["diff_se"]
-    assert (out / "reward_normal_vs_flipped.png").stat().st_size > 0
+    # under the reward, the mechanism: GRPO moves the one choice the warm start left open, each way
+    k = summary["window"]
+    for name, direction in (("normal", 1), ("flipped", -1)):
+        right = list(summary["right_first_call_per_step"][name].values())
+        assert direction * (sum(right[-k:]) - sum(right[:k])) > 0, (name, right)
+    for figure in summary["figures"]:
+        assert Path(figure).read_bytes()[:4] == b"\x89PNG"

@@ -9,7 +9,7 @@ from env_service.config import EnvConfig
 from env_service.episode import Episode
 from env_service.replay import ground_truth_messages
 from env_service.tasks import load_task
-from seal.cpu.warm_start import episode_tokens, warm_start
+from seal.cpu.warm_start import common_prefix_length, episode_tokens, shared_prefix_loss, warm_start
 
 TASK = "multi_turn_base_100"  # two turns, one call each (exp/cpu_learning.yaml)
 ENV = {"observation_lite": {"enable": True}}  # the train-only cues change the prompt: they must be in the examples
@@ -105,3 +105,42 @@ def test_a_decoy_must_name_text_of_the_first_call_and_a_warm_start_task(bpe_dir,
         episode_tokens(TASK, ENV, tokenizer, "qwen2", ("AAPL", "GOOG"))
     with pytest.raises(ValueError, match="not warm-start tasks"):
         warm_start(bpe_dir, tmp_path / "warm", [TASK], ENV, 1, 3e-3, decoys={"multi_turn_base_144": ["a", "b"]})
+    with pytest.raises(ValueError, match=r"must be \[old, new, ...\] strings"):
+        warm_start(bpe_dir, tmp_path / "warm", [TASK], ENV, 1, 3e-3, decoys={TASK: ['"NVDA"']})
+
+
+def test_the_shared_prefix_loss_equals_the_loss_and_gradients_of_each_example_on_its_own(bpe_dir, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    right, *wrong = ['"NVDA"', '"MSFT"', '"TSLA"']  # a task's ground truth and two decoys: one prefix, three suffixes
+    examples = [episode_tokens(TASK, ENV, tokenizer, "qwen2")]
+    examples += [episode_tokens(TASK, ENV, tokenizer, "qwen2", (right, new)) for new in wrong]
+    shared = common_prefix_length([ids for ids, _ in examples])
+    assert 0.9 * len(examples[0][0]) < shared < len(examples[0][0])  # the prompt is nearly all of each episode
+    model = AutoModelForCausalLM.from_pretrained(bpe_dir, dtype=torch.float32)
+
+    def gradients():
+        return [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    shared_loss = shared_prefix_loss(model, examples)
+    shared_loss.backward()
+    shared_grads = gradients()
+    model.zero_grad()
+    separate_loss = 0.0
+    for ids, mask in examples:
+        labels = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        loss = torch.nn.functional.cross_entropy(logits, labels[1:], reduction="sum", ignore_index=-100)
+        loss.backward()
+        separate_loss += loss.item()
+    assert shared_loss.item() == pytest.approx(separate_loss, rel=1e-5)
+    for a, b in zip(shared_grads, gradients(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2, 3, 5]]) == 2
+    assert common_prefix_length([[1, 2], [1, 2, 3]]) == 2
+    assert common_prefix_length([[7], [8]]) == 0

@@ -12,8 +12,9 @@ does: the generated turns (the ground-truth text plus ``<|im_end|>``) are the ta
 
 The loop is a plain transformers/PyTorch one rather than verl's SFT trainer: verl's trainer wants a torchrun
 launch, its own parquet layout of chat messages that it re-tokenizes with the chat template (not the agent loop's
-token stream), and a device mesh; for two sequences and a model of a few hundred thousand parameters a
-20-line loop is exact and takes seconds.
+token stream), and a device mesh; for a handful of sequences and a model of a few hundred thousand parameters a
+short loop is exact and takes a minute or two. A task's examples (its ground truth and its decoys) share the long
+prompt, which runs once per step for all of them (``shared_prefix_loss``).
 
 The result is cached like the tiny model: a spec file next to the weights names everything that made them.
 """
@@ -27,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 SPEC_FILE = "seal_warm_start.json"
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 
 
 def episode_tokens(
@@ -77,6 +78,42 @@ def episode_tokens(
     return ids, mask
 
 
+def shared_prefix_loss(model, examples: list[tuple[list[int], list[int]]]):
+    """Summed next-token cross-entropy of the examples' targets (mask 1), as if each ran on its own, with the
+    prefix they all share run once: a task's decoys differ from its ground truth only from the first call's choice
+    on, and the prompt before it is ~95 % of their tokens. The prefix's keys and values are reused for every
+    suffix and its targets count once per example; gradients flow through the shared prefix as through each
+    example's own copy (causal attention: a prefix never sees what follows it)."""
+    import torch
+    from torch.nn.functional import cross_entropy
+
+    def targets(ids, mask):
+        return torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
+
+    shared = common_prefix_length([ids for ids, _ in examples])
+    shared = min(shared, min(len(ids) for ids, _ in examples) - 1)  # each example keeps a suffix of its own
+    ids0, mask0 = examples[0]
+    out = model(input_ids=torch.tensor([ids0[:shared]]), use_cache=True)
+    prefix_logits, cache = out.logits[0], out.past_key_values
+    loss = len(examples) * cross_entropy(
+        prefix_logits[:-1], targets(ids0[1:shared], mask0[1:shared]), reduction="sum", ignore_index=-100
+    )
+    for ids, mask in examples:
+        suffix_logits = model(input_ids=torch.tensor([ids[shared:]]), past_key_values=cache, use_cache=True).logits[0]
+        logits = torch.cat([prefix_logits[-1:], suffix_logits[:-1]])  # the prefix's last position predicts ids[shared]
+        loss = loss + cross_entropy(logits, targets(ids[shared:], mask[shared:]), reduction="sum", ignore_index=-100)
+        cache.crop(shared)  # back to the shared prefix for the next example (slices: autograd sees no change)
+    return loss
+
+
+def common_prefix_length(sequences: list[list[int]]) -> int:
+    length = min(len(s) for s in sequences)
+    for i in range(length):
+        if any(s[i] != sequences[0][i] for s in sequences[1:]):
+            return i
+    return length
+
+
 def warm_start_spec(
     base_dir: Path, tasks: list[str], env_params: dict, steps: int, lr: float, seed: int, decoys: dict
 ) -> dict:
@@ -85,7 +122,7 @@ def warm_start_spec(
         "spec_version": SPEC_VERSION,
         "base_model_spec_sha": hashlib.sha256(base_spec.encode()).hexdigest()[:16],
         "tasks": list(tasks),
-        "decoys": {task: list(pair) for task, pair in decoys.items()},
+        "decoys": {task: list(texts) for task, texts in decoys.items()},
         "env_params_sha": hashlib.sha256(json.dumps(env_params, sort_keys=True).encode()).hexdigest()[:16],
         "steps": steps,
         "lr": lr,
@@ -103,21 +140,26 @@ def warm_start(
     seed: int = 0,
     decoys: dict[str, list[str]] | None = None,
 ) -> Path:
-    """Train ``base_dir``'s model ``steps`` full-batch AdamW steps on the tasks' ground-truth episodes, and on one
-    decoy episode per task named in ``decoys`` (``{task: [old, new]}``); write to ``out_dir`` (returns at once when
-    ``out_dir`` already holds this spec's result).
+    """Train ``base_dir``'s model ``steps`` full-batch AdamW steps on the tasks' ground-truth episodes, and on the
+    decoy episodes of each task named in ``decoys`` (``{task: [old, new_1, ..., new_k]}``: one episode per ``new``,
+    whose first call has ``old`` replaced by it); write to ``out_dir`` (returns at once when ``out_dir`` already
+    holds this spec's result).
 
-    Why decoys: trained to convergence on a task's right and wrong first call alike, the model is sure of every
-    token but one choice, which it makes about half the time. GRPO then has a clear signal (groups that both pass
-    and fail) on a model that is not at a sharp, half-trained point where any update breaks it."""
+    Why decoys: trained to convergence on a task's right first call and k wrong ones alike, the model is sure of
+    every token but one choice, which it gets right about 1 time in k + 1. GRPO then has a clear signal (groups
+    that both pass and fail) and room to raise the reward, on a model that is not at a sharp, half-trained point
+    where any update breaks it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base_dir, out_dir = Path(base_dir).resolve(), Path(out_dir).resolve()
-    decoys = dict(decoys or {})
+    decoys = {task: list(texts) for task, texts in (decoys or {}).items()}
     unknown = sorted(set(decoys) - set(tasks))
     if unknown:
         raise ValueError(f"warm-start decoys name tasks that are not warm-start tasks: {unknown}")
+    for task, texts in decoys.items():
+        if len(texts) < 2 or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"warm-start decoys of {task} must be [old, new, ...] strings, got {texts!r}")
     spec = warm_start_spec(base_dir, tasks, env_params, steps, lr, seed, decoys)
     try:
         if json.loads((out_dir / SPEC_FILE).read_text()) == spec:
@@ -127,19 +169,28 @@ def warm_start(
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model_type = model.config.model_type
-    examples = [episode_tokens(task, env_params, tokenizer, model_type) for task in tasks]
-    examples += [episode_tokens(task, env_params, tokenizer, model_type, tuple(pair)) for task, pair in decoys.items()]
+    # per task: its ground-truth episode and its decoys, which share every token up to the first call's choice
+    groups = [
+        [
+            episode_tokens(task, env_params, tokenizer, model_type),
+            *(
+                episode_tokens(task, env_params, tokenizer, model_type, (decoys[task][0], new))
+                for new in decoys[task][1:]
+            ),
+        ]
+        if task in decoys
+        else [episode_tokens(task, env_params, tokenizer, model_type)]
+        for task in tasks
+    ]
+    token_count = sum(sum(mask) for group in groups for _, mask in group)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     for step in range(steps):
         optimizer.zero_grad()
-        loss_sum, token_count = 0.0, sum(sum(mask) for _, mask in examples)
-        for ids, mask in examples:  # one sequence at a time: no padding, the token-mean over both
-            input_ids = torch.tensor([ids])
-            labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask, strict=True)]])
-            logits = model(input_ids=input_ids).logits[0, :-1]
-            loss = torch.nn.functional.cross_entropy(logits, labels[0, 1:], reduction="sum", ignore_index=-100)
+        loss_sum = 0.0
+        for group in groups:  # one task at a time: the token-mean over all examples of all tasks
+            loss = shared_prefix_loss(model, group)
             (loss / token_count).backward()
             loss_sum += loss.item()
         optimizer.step()
