@@ -92,7 +92,7 @@ def shared_prefix_loss(model, examples: list[tuple[list[int], list[int]]]):
 
     shared = common_prefix_length([ids for ids, _ in examples])
     shared = min(shared, min(len(ids) for ids, _ in examples) - 1)  # each example keeps a suffix of its own
-    ids0, mask0 = examples[0]
+    ids0, mask0 = examples[0]  # the same tokens up to ``shared``, hence the same targets there
     out = model(input_ids=torch.tensor([ids0[:shared]]), use_cache=True)
     prefix_logits, cache = out.logits[0], out.past_key_values
     loss = len(examples) * cross_entropy(
@@ -169,19 +169,16 @@ def warm_start(
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model_type = model.config.model_type
-    # per task: its ground-truth episode and its decoys, which share every token up to the first call's choice
-    groups = [
-        [
+
+    def task_examples(task: str) -> list[tuple[list[int], list[int]]]:
+        """The task's ground-truth episode and its decoys: they share every token up to the first call's choice."""
+        old, *wrong = decoys.get(task, [None])
+        return [
             episode_tokens(task, env_params, tokenizer, model_type),
-            *(
-                episode_tokens(task, env_params, tokenizer, model_type, (decoys[task][0], new))
-                for new in decoys[task][1:]
-            ),
+            *(episode_tokens(task, env_params, tokenizer, model_type, (old, new)) for new in wrong),
         ]
-        if task in decoys
-        else [episode_tokens(task, env_params, tokenizer, model_type)]
-        for task in tasks
-    ]
+
+    groups = [task_examples(task) for task in tasks]
     token_count = sum(sum(mask) for group in groups for _, mask in group)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
