@@ -147,11 +147,18 @@ def _worker_of(service, instance_id: str):
 
 
 def _episodes_on_each_worker(client, service) -> tuple[str, str]:
-    """Two live episodes on different workers."""
-    ids = [client.create("multi_turn_base_2", "validate")["instance_id"] for _ in range(2)]
-    first, second = (_worker_of(service, i) for i in ids)
-    assert first is not second
-    return ids[0], ids[1]
+    """Two live episodes on different workers. Placement skips a worker that was busy over most of the last few
+    seconds (a worker just replaced by the previous test, or one slowed by a loaded machine), so a second episode
+    may land beside the first: create until one lands on the other worker (bounded), releasing the extras."""
+    first = client.create("multi_turn_base_2", "validate")["instance_id"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        second = client.create("multi_turn_base_2", "validate")["instance_id"]
+        if _worker_of(service, second) is not _worker_of(service, first):
+            return first, second
+        client.release(second)
+        time.sleep(0.5)
+    raise AssertionError("no episode was placed on the second worker within 30 s")
 
 
 def _survivor_passes(client, instance_id: str) -> None:
