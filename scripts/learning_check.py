@@ -63,12 +63,12 @@ def run(name: str, out: Path, extra: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def episode_rewards(run_dir: Path) -> dict[int, list[float]]:
-    """{step: [reward of each training episode of that step]} from the run's rollout dump."""
+def rollout_rows(run_dir: Path) -> dict[int, list[dict]]:
+    """{step: [the dumped row of each training episode of that step]} from the run's rollout dump."""
     steps = {}
     for path in (run_dir / "rollout_log").glob("*.jsonl"):
         with open(path) as f:
-            steps[int(path.stem)] = [float(json.loads(line)["score"]) for line in f if line.strip()]
+            steps[int(path.stem)] = [json.loads(line) for line in f if line.strip()]
     return dict(sorted(steps.items()))
 
 
@@ -124,15 +124,6 @@ def first_call_choice(output: str, roles: dict[str, str]) -> str:
     return found.pop() if len(found) == 1 else "other"
 
 
-def first_call_choices(run_dir: Path, roles: dict[str, str]) -> dict[int, list[str]]:
-    """{step: [what the first call of each training episode of that step chose]} from the run's rollout dump."""
-    steps = {}
-    for path in (run_dir / "rollout_log").glob("*.jsonl"):
-        with open(path) as f:
-            steps[int(path.stem)] = [first_call_choice(json.loads(line)["output"], roles) for line in f if line.strip()]
-    return dict(sorted(steps.items()))
-
-
 def per_step(values: dict[int, list[float]]) -> dict[int, tuple[float, float]]:
     return {step: mean_se(v) for step, v in values.items()}
 
@@ -153,23 +144,25 @@ def main(argv: list[str] | None = None) -> int:
     for name in RECIPES:
         if not args.reuse:
             wall[name] = run(name, out, args.overrides)
-    series = {name: episode_rewards(out / name) for name in RECIPES}
+    rows = {name: rollout_rows(out / name) for name in RECIPES}
+    series = {name: {s: [float(r["score"]) for r in step] for s, step in steps.items()} for name, steps in rows.items()}
     results = {name: compare(steps, args.window) for name, steps in series.items()}
     # the mechanism under the reward: how often the first call makes the one choice the warm start left open
-    right = {
-        name: {
-            step: [float(c == "right") for c in choices]
-            for step, choices in first_call_choices(out / name, choice_roles(recipe_decoys(RECIPES[name]))).items()
+    right = {}
+    for name, steps in rows.items():
+        roles = choice_roles(recipe_decoys(RECIPES[name]))
+        right[name] = {
+            s: [float(first_call_choice(r["output"], roles) == "right") for r in step] for s, step in steps.items()
         }
-        for name in RECIPES
-    }
+    reward_stats = {name: per_step(steps) for name, steps in series.items()}
+    right_stats = {name: per_step(steps) for name, steps in right.items()}
     figure = reward_over_steps(
-        {name: per_step(steps) for name, steps in series.items()},
+        reward_stats,
         str(out / "reward_normal_vs_flipped.png"),
         title="GRPO on CPU: training reward per step (± one standard error)",
     )
     choice_figure = reward_over_steps(
-        {name: per_step(steps) for name, steps in right.items()},
+        right_stats,
         str(out / "right_first_call_normal_vs_flipped.png"),
         ylabel="share of right first calls",
         title="the choice the warm start left open (± one standard error)",
@@ -188,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         math.hypot(results["normal"]["last_se"], results["flipped"]["last_se"]),
     )
     print(f"last {k} steps, normal - flipped: {gap:+.3f} ± {gap_se:.3f}")
-    for name, steps in right.items():
-        print(f"{name:8s} right first call per step: " + " ".join(f"{mean_se(v)[0]:.2f}" for v in steps.values()))
+    for name, stats in right_stats.items():
+        print(f"{name:8s} right first call per step: " + " ".join(f"{mean:.2f}" for mean, _ in stats.values()))
     normal_rises = rises(results["normal"], args.sigmas, args.margin)
     flipped_rises = rises(results["flipped"], args.sigmas, args.margin)
     verdict = normal_rises and not flipped_rises
@@ -200,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         "margin": args.margin,
         "results": results,
         "last_normal_minus_flipped": {"diff": gap, "diff_se": gap_se},
-        "mean_reward_per_step": {name: {s: mean_se(r)[0] for s, r in steps.items()} for name, steps in series.items()},
+        "mean_reward_per_step": {name: {s: m for s, (m, _) in stats.items()} for name, stats in reward_stats.items()},
         "right_first_call_per_step": {
-            name: {s: mean_se(v)[0] for s, v in steps.items()} for name, steps in right.items()
+            name: {s: m for s, (m, _) in stats.items()} for name, stats in right_stats.items()
         },
         "wall_s": wall,
         "figures": [figure, choice_figure],

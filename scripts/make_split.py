@@ -61,7 +61,7 @@ TINY_HELDOUT_FILE = "cpu_tiny_heldout.parquet"
 GPU_SMOKE_HELDOUT_FILE = "gpu_smoke_heldout.parquet"
 # exp/cpu_learning.yaml trains on the train task of 2 turns with one call each that has the shortest prompt (one
 # of the two tasks of the tiny model's small tokenizer, seal/cpu/tiny_model.py BPE_TOKENIZERS): short enough for
-# a tiny model to learn on CPU, in steps cheap enough for the check to run in CI.
+# a tiny model to learn on CPU, in steps as cheap as a BFCL episode allows.
 LEARNING_TRAIN_FILE = "cpu_learning_train.parquet"
 LEARNING_TRAIN_IDS = ["multi_turn_base_100"]
 OUTPUT_FILES = (
