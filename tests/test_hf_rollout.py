@@ -182,3 +182,122 @@ def test_async_server_api_and_lifecycle(server, prompt_ids):
 def test_unsupported_sampling_params_are_rejected(server, prompt_ids):
     with pytest.raises(ValueError, match="unsupported"):
         server.generate_tokens(prompt_ids, {"temperature": 0, "stop": ["\n"]})
+
+
+# ---- batching: requests in flight together are generated together --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def serial_server(tiny_dir) -> HFRolloutServer:
+    return HFRolloutServer(str(tiny_dir), HFServerConfig(prompt_length=64, response_length=12, seed=0, max_num_seqs=1))
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_dir) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    questions = ["What is 2 + 2?", "Name a prime.", "List the files in the current directory, please.", "Hi"]
+    return [
+        list(
+            tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)[
+                "input_ids"
+            ]
+        )
+        for q in questions
+    ]
+
+
+def _together(server: HFRolloutServer, requests: list[tuple[list[int], dict]]):
+    """Submit every request before waiting for any (one batch), and check they were generated as one."""
+    before = sum(server.batch_sizes.values())
+    futures = [server.submit(prompt, params) for prompt, params in requests]
+    outputs = [f.result(timeout=120) for f in futures]
+    assert sum(server.batch_sizes.values()) - before < len(requests), "the requests were not batched"
+    return outputs
+
+
+def _one_at_a_time(server: HFRolloutServer, requests: list[tuple[list[int], dict]]):
+    outputs = [server.generate_tokens(prompt, params) for prompt, params in requests]
+    assert set(server.batch_sizes) == {1}
+    return outputs
+
+
+def test_greedy_batch_equals_one_at_a_time(server, serial_server, reference, prompts):
+    # different prompt lengths (left padding), a repeated prompt (shared prefill), per-request limits and stops
+    greedy_1 = _greedy_reference(reference, prompts[1], 10)
+    stop = greedy_1[4]
+    requests = [
+        (prompts[0], {"temperature": 0, "max_tokens": 10, "logprobs": True}),
+        (prompts[1], {"temperature": 0, "max_tokens": 10, "stop_token_ids": [stop], "logprobs": True}),
+        (prompts[2], {"temperature": 0, "max_tokens": 3}),
+        (prompts[0], {"temperature": 0, "max_tokens": 7, "logprobs": True}),
+        (prompts[3], {"temperature": 0, "max_tokens": 10, "ignore_eos": True}),
+    ]
+    batched, serial = _together(server, requests), _one_at_a_time(serial_server, requests)
+    assert [o.token_ids for o in batched] == [o.token_ids for o in serial]
+    assert [len(o.token_ids) for o in batched] == [10, greedy_1.index(stop) + 1, 3, 7, 10]
+    assert batched[1].token_ids == greedy_1[: greedy_1.index(stop) + 1]
+    for b, s in zip(batched, serial):
+        assert (b.log_probs is None) == (s.log_probs is None)
+        if b.log_probs is not None:
+            torch.testing.assert_close(torch.tensor(b.log_probs), torch.tensor(s.log_probs), atol=1e-4, rtol=1e-4)
+    # and both equal HF's own greedy decoding
+    assert batched[0].token_ids == _greedy_reference(reference, prompts[0], 10)
+    assert batched[2].token_ids == _greedy_reference(reference, prompts[2], 3)
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(server, serial_server, prompts):
+    # each request draws from its own generator: the same seed gives the same tokens alone or in any batch
+    requests = [
+        (prompts[i % 4], {"temperature": t, "top_k": k, "top_p": p, "max_tokens": 8, "seed": 100 + i, "logprobs": True})
+        for i, (t, k, p) in enumerate([(1.0, -1, 1.0), (0.7, 50, 1.0), (1.0, -1, 0.9), (1.3, 20, 0.8), (0.5, -1, 1.0)])
+    ]
+    batched, serial = _together(server, requests), _one_at_a_time(serial_server, requests)
+    assert [o.token_ids for o in batched] == [o.token_ids for o in serial]
+    for b, s in zip(batched, serial):
+        torch.testing.assert_close(torch.tensor(b.log_probs), torch.tensor(s.log_probs), atol=1e-4, rtol=1e-4)
+
+
+def test_batched_sampled_logprobs_equal_forward_pass(server, reference, prompts):
+    params = [{"temperature": 0.7, "top_k": 50, "logprobs": True, "max_tokens": 8, "seed": i} for i in range(4)]
+    outputs = _together(server, list(zip(prompts, params)))
+    for prompt, out in zip(prompts, outputs):
+        expected = _forward_logprobs(reference, prompt, out.token_ids, 0.7, 50)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_batched_first_tokens_follow_the_model_distribution(server, reference, prompts):
+    # 400 first tokens drawn in batches (top-k 5: five outcomes) against the exact probabilities: a chi-square
+    # statistic below the 0.1 % critical value for 4 degrees of freedom (fixed seeds: the outcome is reproducible)
+    prompt, k, n = prompts[0], 5, 400
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt])).logits[0, -1].float()
+    top = torch.topk(logits, k)
+    probs = torch.softmax(top.values, dim=-1)
+    params = [{"temperature": 1.0, "top_k": k, "max_tokens": 1, "seed": 1000 + i} for i in range(n)]
+    firsts = [o.token_ids[0] for o in _together(server, [(prompt, p) for p in params])]
+    counts = torch.tensor([firsts.count(int(t)) for t in top.indices], dtype=torch.float)
+    assert counts.sum() == n
+    chi2 = float(((counts - n * probs) ** 2 / (n * probs)).sum())
+    assert chi2 < 18.47, (counts.tolist(), (n * probs).tolist())
+
+
+def test_repetition_penalty_matches_hf_generate(server, reference, prompts):
+    ids = torch.tensor([prompts[2]])
+    with torch.no_grad():
+        expected = reference.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10, repetition_penalty=1.5,
+            eos_token_id=[151643, 151645], pad_token_id=151643,
+        )[0, ids.shape[1] :].tolist()  # fmt: skip
+    requests = [(prompts[2], {"temperature": 0, "max_tokens": 10, "repetition_penalty": 1.5}), (prompts[0], {})]
+    assert _together(server, requests)[0].token_ids == expected
+
+
+def test_a_bad_request_fails_alone_before_it_is_queued(server, prompts):
+    vocab = server.model.config.vocab_size
+    with pytest.raises(ValueError, match="each in"):
+        server.submit([1, vocab], {"temperature": 0})
+    with pytest.raises(ValueError, match="at least one token"):
+        server.submit([], {"temperature": 0})
+    assert len(server.generate_tokens(prompts[0], {"temperature": 0, "max_tokens": 2}).token_ids) == 2

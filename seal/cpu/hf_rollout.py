@@ -14,16 +14,21 @@ rollout expects, so the unchanged ``RayPPOTrainer`` runs on CPU:
   sync it drains the per-tensor generator on every rank (with FSDP2 each item is a collective)
   and the replica leader loads the tensors into its server actor.
 
-Generation is one request at a time per server (a lock around ``generate``): simple, exact, and
-fast enough for tiny CPU models; batching is the obvious next step if rollouts get longer.
+Requests in flight together are generated together (``seal/cpu/batched_generation.py``): one thread per
+server takes every waiting request, up to ``max_num_seqs`` (verl's rollout key, as in vLLM; 1 generates one
+request at a time), and decodes them as one batch while the next requests queue up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -31,12 +36,11 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from seal.cpu.batched_generation import GREEDY_EPS, Request, generate_batch
+
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
-
-# vLLM treats temperatures below this as greedy; we do the same.
-_GREEDY_EPS = 1e-5
 
 # Sampling keys we implement, and keys that are harmless to ignore (detokenization options: this
 # server returns token ids only). Anything else is rejected rather than silently ignored.
@@ -84,6 +88,10 @@ class HFServerConfig:
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
     seed: int = 42
+    max_num_seqs: int = 256  # requests generated together at most (1: one at a time)
+    # How long the generation thread waits, after the first request of a batch arrives, for the requests sent
+    # with it: the agent loop's episodes reach the server a few milliseconds apart.
+    batch_wait_ms: float = 20.0
 
     @classmethod
     def from_rollout_config(cls, config: Any) -> HFServerConfig:
@@ -132,28 +140,18 @@ class HFRolloutServer:
             trust_remote_code=trust_remote_code,
         ).eval()
         self.model.requires_grad_(False)
-        self.eos_ids, self.pad_id = self._special_ids()
-        self._neutralize_generation_defaults()
+        self.eos_ids = self._eos_ids()
         self.max_model_len = self.config.max_model_len or self.model.config.max_position_embeddings
-        self._lock = threading.Lock()  # one generate / weight load at a time
-        torch.manual_seed(self.config.seed + replica_rank)
+        self._lock = threading.Lock()  # a batch and a weight load never overlap
+        self._rng = torch.Generator().manual_seed(self.config.seed + replica_rank)  # seeds of unseeded requests
+        self._pending: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
+        self.batch_sizes: Counter[int] = Counter()  # how many batches of each size were generated
+        threading.Thread(target=self._generation_loop, name="hf-rollout-generation", daemon=True).start()
 
-    def _special_ids(self) -> tuple[list[int], int]:
+    def _eos_ids(self) -> list[int]:
         """EOS ids as vLLM sees them: the generation config's list plus the model config's id."""
         gen_cfg, cfg = self.model.generation_config, self.model.config
-        eos = sorted(set(_as_id_list(gen_cfg.eos_token_id)) | set(_as_id_list(cfg.eos_token_id)))
-        pad = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else cfg.pad_token_id
-        if pad is None:
-            pad = eos[0] if eos else 0
-        return eos, int(pad)
-
-    def _neutralize_generation_defaults(self) -> None:
-        # HF `generate` fills every unset field from the checkpoint's generation_config.json (real
-        # Qwen checkpoints ship top_k=20, temperature=0.7, ...). Sampling must follow the request
-        # alone, as in vLLM, so drop those defaults; each request sets what it needs.
-        from transformers import GenerationConfig
-
-        self.model.generation_config = GenerationConfig()
+        return sorted(set(_as_id_list(gen_cfg.eos_token_id)) | set(_as_id_list(cfg.eos_token_id)))
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -169,31 +167,81 @@ class HFRolloutServer:
         """verl's server entry point (called by LLMServerClient.generate); runs off the event loop."""
         if image_data or video_data or kwargs.get("audio_data"):
             raise NotImplementedError("the hf rollout backend is text-only")
-        return await asyncio.to_thread(self.generate_tokens, prompt_ids, sampling_params)
+        return await asyncio.wrap_future(self.submit(prompt_ids, sampling_params))
 
     def generate_tokens(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
-        """Blocking generation of one request."""
-        params = dict(sampling_params or {})
+        """Blocking generation of one request (batched with whatever else is waiting)."""
+        return self.submit(prompt_ids, sampling_params).result()
+
+    def submit(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> Future:
+        """Queue one request for the generation thread; a bad request fails here, before it is queued."""
+        request = self._request(list(prompt_ids), dict(sampling_params or {}))
+        future: Future = Future()
+        self._pending.put((request, future))
+        return future
+
+    def _request(self, prompt_ids: list[int], params: dict[str, Any]) -> Request:
         _check_sampling_keys(params)
-        max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
-        want_logprobs = bool(params.get("logprobs", False))
-        gen_config = self._generation_config(params, max_tokens, want_logprobs)
-        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-        with self._lock, torch.inference_mode():
-            if params.get("seed") is not None:
-                torch.manual_seed(int(params["seed"]))
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen_config
-            )
-        token_ids = out.sequences[0, input_ids.shape[1] :].tolist()
-        log_probs = self._sampled_logprobs(out, token_ids) if want_logprobs else None
-        return TokenOutput(
-            token_ids=token_ids,
-            log_probs=log_probs,
-            stop_reason="completed",
-            num_preempted=0,
-            extra_fields={"global_steps": self.global_steps},
+        vocab = self.model.config.vocab_size
+        if not prompt_ids or not all(0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"hf rollout: a prompt needs at least one token, each in [0, {vocab})")
+        temperature = float(params.get("temperature", 1.0))
+        if params.get("do_sample") is False:
+            temperature = 0.0
+        stop_ids = set(_as_id_list(params.get("stop_token_ids")))
+        if not bool(params.get("ignore_eos", self.config.ignore_eos)):
+            stop_ids |= set(self.eos_ids)
+        seed = params.get("seed")
+        if seed is None:
+            seed = int(torch.randint(2**62, (1,), generator=self._rng))
+        return Request(
+            prompt_ids=prompt_ids,
+            max_tokens=self.resolve_max_tokens(len(prompt_ids), params),
+            stop_ids=frozenset(stop_ids),
+            generator=torch.Generator().manual_seed(int(seed)),
+            temperature=0.0 if temperature < GREEDY_EPS else temperature,
+            top_k=int(params.get("top_k", -1) or -1),
+            top_p=float(params.get("top_p", 1.0)),
+            min_p=float(params.get("min_p") or 0.0),
+            repetition_penalty=float(params.get("repetition_penalty", self.config.repetition_penalty)),
+            want_logprobs=bool(params.get("logprobs", False)),
         )
+
+    def _generation_loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            self.batch_sizes[len(batch)] += 1
+            try:
+                with self._lock:
+                    generations = generate_batch(
+                        self.model, [r for r, _ in batch], raw_logprobs=self.config.logprobs_mode == "raw_logprobs"
+                    )
+            except Exception as exc:  # every request of the batch gets the error; the loop serves the next
+                logger.exception("hf rollout: a batch of %d requests failed", len(batch))
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            for (_, future), generation in zip(batch, generations):
+                future.set_result(
+                    TokenOutput(
+                        token_ids=generation.token_ids,
+                        log_probs=generation.log_probs,
+                        stop_reason="completed",
+                        num_preempted=0,
+                        extra_fields={"global_steps": self.global_steps},
+                    )
+                )
+
+    def _next_batch(self) -> list[tuple[Request, Future]]:
+        """The first waiting request, and every other one that arrives within the batch window (up to the cap)."""
+        batch = [self._pending.get()]
+        deadline = time.monotonic() + self.config.batch_wait_ms / 1000
+        while len(batch) < self.config.max_num_seqs:
+            try:
+                batch.append(self._pending.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return batch
 
     def resolve_max_tokens(self, prompt_len: int, params: dict[str, Any]) -> int:
         """The request's max_tokens/max_new_tokens, else vLLM-in-verl's default; capped by max_model_len."""
@@ -209,53 +257,6 @@ class HFRolloutServer:
             cfg = self.config
             wanted = min(cfg.response_length, cfg.prompt_length + cfg.response_length - prompt_len)
         return max(1, min(wanted, room))
-
-    def _generation_config(self, params: dict[str, Any], max_tokens: int, want_logprobs: bool):
-        from transformers import GenerationConfig
-
-        temperature = float(params.get("temperature", 1.0))
-        greedy = temperature < _GREEDY_EPS or params.get("do_sample") is False
-        top_k = int(params.get("top_k", -1) or -1)
-        ignore_eos = bool(params.get("ignore_eos", self.config.ignore_eos))
-        stop_ids = set(_as_id_list(params.get("stop_token_ids")))
-        if not ignore_eos:
-            stop_ids |= set(self.eos_ids)
-        # Greedy leaves the sampling knobs unset (HF warns about them otherwise; they are unused).
-        sampling = (
-            {}
-            if greedy
-            else {
-                "temperature": temperature,
-                "top_k": top_k if top_k > 0 else 0,  # HF: 0 disables top-k (unset would mean 50)
-                "top_p": float(params.get("top_p", 1.0)),
-                "min_p": float(params["min_p"]) if params.get("min_p") else None,
-            }
-        )
-        return GenerationConfig(
-            do_sample=not greedy,
-            **sampling,
-            repetition_penalty=float(params.get("repetition_penalty", self.config.repetition_penalty)),
-            max_new_tokens=max_tokens,
-            min_new_tokens=0,
-            eos_token_id=sorted(stop_ids) or None,
-            pad_token_id=self.pad_id,
-            num_beams=1,
-            use_cache=True,
-            return_dict_in_generate=True,
-            output_scores=want_logprobs and self.config.logprobs_mode != "raw_logprobs",
-            output_logits=want_logprobs and self.config.logprobs_mode == "raw_logprobs",
-        )
-
-    def _sampled_logprobs(self, out: Any, token_ids: list[int]) -> list[float]:
-        """Log-prob of each generated token.
-
-        processed_logprobs (verl's default): after temperature / top-k / top-p -- the distribution
-        the token was actually drawn from, like vLLM. raw_logprobs: the model's plain softmax.
-        """
-        steps = out.logits if self.config.logprobs_mode == "raw_logprobs" else out.scores
-        return [
-            float(torch.log_softmax(step[0].float(), dim=-1)[token].item()) for step, token in zip(steps, token_ids)
-        ]
 
     # ---- weights -----------------------------------------------------------------------------
 
@@ -291,7 +292,7 @@ class HFRolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict:
-        return {}  # requests are short and serial; nothing is in flight long enough to abort
+        return {}  # requests are short; nothing is in flight long enough to abort
 
     async def resume_generation(self, **kwargs: Any) -> None:
         return None
