@@ -2,16 +2,13 @@
 GRPO through the launcher, trainer, agent loop and environment service) and its sign-flipped twin, and passes only
 if the normal run's reward rises clearly over its steps and the flipped run's does not.
 
-Both runs take about 14 minutes on 2 cores (the warm start included; it is cached under outputs/). With the rest
-of the suite that is more than CI's budget, so the full check is opt-in:
-``SEAL_LEARNING_CHECK=1 python -m pytest -q tests/test_learning.py``; its last runs' numbers are in the README.
-The statistics the check decides on are tested here without a run.
+Both runs take about 7 minutes on 2 cores (the warm start included; it is cached under outputs/), and run in
+CI. The statistics the check decides on are also tested here without a run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +64,6 @@ def test_a_text_that_is_both_right_and_a_decoy_is_refused():
 
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.skipif(os.environ.get("SEAL_LEARNING_CHECK") != "1", reason="opt-in (~14 min): SEAL_LEARNING_CHECK=1")
 def test_grpo_raises_reward_and_its_sign_flipped_twin_does_not(tmp_path):
     out = tmp_path / "learning_check"
     proc = subprocess.run(
