@@ -276,9 +276,10 @@ class MemoryEstimate:
                 "optimizer_offload, ref.fsdp_config.param_offload) or lower rollout.gpu_memory_utilization"
             )
         if self.training.total_bytes > self.gpu_bytes:
+            checkpointing = "" if self.training.recomputed_layer_bytes else "set model.enable_gradient_checkpointing, "
             out.append(
                 f"the actor update needs ~{self.training.total_bytes / GIB:.1f} GiB per GPU of "
-                f"{self.gpu_bytes / GIB:.1f} ({self.training.tokens:,} tokens per micro-batch): lower "
+                f"{self.gpu_bytes / GIB:.1f} ({self.training.tokens:,} tokens per micro-batch): {checkpointing}lower "
                 "actor.ppo_micro_batch_size_per_gpu (or ppo_max_token_len_per_gpu with use_dynamic_bsz), raise "
                 "actor.ulysses_sequence_parallel_size or the GPU count, or set actor.fsdp_config.offload_policy=true "
                 "(param_offload and optimizer_offload do not help here: verl loads both back for the update)"
@@ -365,12 +366,14 @@ def _training_peak(config, shape: ModelShape, state_bytes: float, ref_bytes: flo
     compute = DTYPE_BYTES[str(precision.get("param_dtype", "bf16"))]  # FSDP's mixed precision: bf16 by default
     reduce = DTYPE_BYTES[str(precision.get("reduce_dtype", "fp32"))]
     tokens = _micro_batch_tokens(config)
-    # what one decoder layer's backward needs of its recomputed forward: both norm outputs, q, attention output
-    # (hidden wide), k and v (kv wide), the MLP's gate, up and gated product (intermediate wide); x 2 with the
-    # gradients of the same tensors
-    layer_activations = 2 * tokens * (4 * shape.hidden + 2 * shape.kv_width + 3 * shape.intermediate) * compute
-    layer_inputs = shape.layers * tokens * shape.hidden * compute
+    # one decoder layer's activations: both norm outputs, q and the attention output (hidden wide), k and v (kv
+    # wide), the MLP's gate, up and gated product (intermediate wide)
+    layer_activations = tokens * (4 * shape.hidden + 2 * shape.kv_width + 3 * shape.intermediate) * compute
     checkpointing = bool(aro.model.get("enable_gradient_checkpointing"))
+    if checkpointing:  # each layer keeps its input; backward recomputes one layer at a time, with its gradients
+        kept, recomputed = shape.layers * tokens * shape.hidden * compute, 2 * layer_activations
+    else:
+        kept, recomputed = shape.layers * layer_activations, 0
     # verl scales the logits by the temperature in place of a copy only at temperature 1
     logits_copies = 2 if float(aro.rollout.temperature) == 1.0 else 3
     largest = shape.largest_fsdp_unit
@@ -379,8 +382,8 @@ def _training_peak(config, shape: ModelShape, state_bytes: float, ref_bytes: flo
         tokens=tokens,
         state_bytes=state_bytes,
         ref_bytes=ref_bytes,
-        checkpointed_bytes=layer_inputs if checkpointing else shape.layers * layer_activations / 2,
-        recomputed_layer_bytes=layer_activations if checkpointing else 0,
+        checkpointed_bytes=kept,
+        recomputed_layer_bytes=recomputed,
         logits_bytes=logits_copies * tokens * shape.vocab * compute,
         # gathered in the compute dtype with the unit prefetched after it; its unsharded gradient in the compute
         # dtype and again in the reduce dtype for the reduce-scatter

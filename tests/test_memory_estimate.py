@@ -92,6 +92,13 @@ def test_the_training_peak_follows_the_token_budget_and_offload():
         compose_recipe(SEAL, ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]), gpu_bytes=80 * GIB
     ).training
     assert parallel.tokens == TOKENS_SEAL // 2 and parallel.checkpointed_bytes == base.checkpointed_bytes / 2
+    kept_estimate = estimate(
+        compose_recipe(SEAL, ["actor_rollout_ref.model.enable_gradient_checkpointing=false"]), gpu_bytes=80 * GIB
+    )
+    kept = kept_estimate.training
+    # every layer keeps its activations (no recompute): 28 x 12,288 x 72,192 x 2 B
+    assert kept.checkpointed_bytes == 28 * TOKENS_SEAL * 72_192 * 2 and kept.recomputed_layer_bytes == 0
+    assert any("): set model.enable_gradient_checkpointing, lower" in w for w in kept_estimate.warnings())
     hot = estimate(compose_recipe(SEAL, ["actor_rollout_ref.rollout.temperature=0.7"]), gpu_bytes=80 * GIB).training
     assert hot.logits_bytes == 3 * TOKENS_SEAL * 152064 * 2  # + the temperature-scaled copy
     # offloading parameters and optimizer empties the rollout phase but not the update: verl loads them back
