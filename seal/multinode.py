@@ -29,7 +29,12 @@ WORKER_PATHS = (
     "data.train_files",
     "data.val_files",
     "trainer.default_local_dir",
+    "trainer.rollout_data_dir",
+    "trainer.validation_data_dir",
     "seal.run_dir",
+    "seal.diagnosis.state_dir",
+    "seal.diagnosis.dump_dir",
+    "seal.eval.results_path",
     "env_service.secret_file",
     "actor_rollout_ref.rollout.agent.agent_loop_config_path",
 )

@@ -42,6 +42,7 @@ def test_every_path_a_worker_reads_becomes_absolute_against_the_launch_directory
             "data.val_files=data/heldout.parquet",
             "env_service.secret_file=secrets/env.secret",
             "actor_rollout_ref.model.path=models/mine",
+            "seal.diagnosis.dump_dir=stats",
         ],
     )
     multinode.absolute_paths(config)
@@ -53,6 +54,8 @@ def test_every_path_a_worker_reads_becomes_absolute_against_the_launch_directory
     assert config.trainer.default_local_dir == f"{tmp_path}/checkpoints/SEAL/gpu_smoke"
     assert config.seal.run_dir == f"{tmp_path}/experiments/gpu_smoke"
     assert config.trainer.rollout_data_dir == f"{tmp_path}/experiments/gpu_smoke/rollout_log"
+    assert config.seal.diagnosis.state_dir == f"{tmp_path}/experiments/gpu_smoke/diagnostic_state"
+    assert config.seal.diagnosis.dump_dir == f"{tmp_path}/stats"
 
     hub = compose_recipe(GPU_SMOKE)
     multinode.absolute_paths(hub)
