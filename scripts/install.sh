@@ -37,11 +37,16 @@ if [ "$target" = "gpu" ]; then
   $PIP install -q "verl[vllm]==0.9.1"
   echo "torch==2.11.0" > /tmp/seal-torch-pin.txt  # nothing below may swap the CUDA torch that vLLM was built for
   export PIP_CONSTRAINT="${PIP_CONSTRAINT:+$PIP_CONSTRAINT }/tmp/seal-torch-pin.txt"
-  py="cp$(python -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
-  wheels="https://github.com/mjun0812/flash-attention-prebuild-wheels/releases/download/v0.9.4"
-  $PIP install -q "$wheels/flash_attn-2.8.3+cu130torch2.11-$py-$py-linux_x86_64.whl" \
-    || { echo "no prebuilt flash-attn for $py: building it from source (needs nvcc; 20-30 min)"; \
-         $PIP install -q --no-build-isolation "flash-attn==2.8.3"; }
+  # the wheel exists for some Python versions only: check its URL first, and say what a source build needs
+  # (and refuse it without nvcc) before starting one
+  if wheel="$(python scripts/flash_attn_wheel.py url)"; then
+    $PIP install -q "$wheel"
+  else
+    python scripts/flash_attn_wheel.py source-build
+    echo "building flash-attn from source now"
+    $PIP install -q ninja packaging psutil
+    $PIP install -q --no-build-isolation "flash-attn==2.8.3"
+  fi
   python -c "import flash_attn; print('flash-attn', flash_attn.__version__)"
 else
   # torch must come first: without it pip resolves verl's transitive torch to a CUDA build.

@@ -281,7 +281,7 @@ def environment_service(config: DictConfig):
             raise PreflightError(f"env_service.url {env.url!r} is not reachable: {exc}") from exc
         yield env.url
         return
-    run_dir = Path(config.seal.run_dir)
+    run_dir = Path(config.seal.run_dir).resolve()  # workers on any node read the secret file by this path
     run_dir.mkdir(parents=True, exist_ok=True)
     secret = env_services.new_secret()
     env.secret_file = env_services.write_secret(run_dir / "env_service.secret", secret)
@@ -354,6 +354,17 @@ def _node_services(config: DictConfig, secret: str):
             ray.shutdown()
 
 
+def _check_nodes(config: DictConfig) -> None:
+    """Several nodes: each must see this repository, venv and data, and one shared checkpoint filesystem."""
+    if int(config.trainer.nnodes) <= 1:
+        return
+    from seal.multinode import cluster_problems
+
+    problems = cluster_problems(config)
+    if problems:
+        raise PreflightError("the Ray nodes cannot run this recipe:\n  - " + "\n  - ".join(problems))
+
+
 # ---- run ------------------------------------------------------------------------------------------
 
 
@@ -388,6 +399,9 @@ def prepare(config: DictConfig) -> DictConfig:
     if not agent.get("agent_loop_manager_class"):
         with open_dict(agent):  # verl's field, absent from its YAML: a step where every episode failed still runs
             agent.agent_loop_manager_class = AGENT_LOOP_MANAGER
+    from seal.multinode import absolute_paths
+
+    absolute_paths(config)  # workers on other nodes get this config, not this working directory
     return config
 
 
@@ -463,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         config = prepare(compose_recipe(args.conf, args.overrides))
         for warning in preflight(config):
             print(f"[seal] warning: {warning}")
+        _check_nodes(config)
         if args.dry_run:
             print(OmegaConf.to_yaml(config, resolve=True))
             _print_memory_estimate(config)

@@ -1,16 +1,26 @@
 """Per-GPU memory of a recipe, estimated before a run (``launcher.py --dry-run`` prints it).
 
-What it adds up, per GPU, for the colocated (hybrid-engine) layout verl uses: the actor's parameters, gradients
-and Adam states sharded by FSDP over all GPUs (or offloaded to host memory); the reference model (sharded, or
-offloaded); vLLM's share, ``gpu_memory_utilization`` x GPU memory, of which what its weights and runtime do not
-take is KV cache. The KV cache's token capacity per rollout replica is compared with the contexts a step runs at
-once on that replica: its share of ``train_batch_size x n`` (or of the validation batch) sequences, at most
-``max_num_seqs`` running, each up to ``max_model_len`` tokens. When they do not fit, vLLM queues or preempts
-sequences: the rollout is slower, not wrong, so it is a warning.
+Two phases of the colocated (hybrid-engine) layout verl uses, per GPU:
+
+* **Rollout**: the actor's parameters and Adam states sharded by FSDP over all GPUs (or offloaded to host memory),
+  without gradients: verl's engine leaves its train mode with ``optimizer.zero_grad()``, whose ``set_to_none``
+  default frees them after every update; the reference model (on host under FSDP2, where verl runs forward-only
+  engines with ``CPUOffloadPolicy``; else sharded unless offloaded); vLLM's share, ``gpu_memory_utilization`` x GPU
+  memory, of which what its weights and runtime do not take is KV cache. The KV cache's token capacity per rollout
+  replica is compared with the contexts a step runs at once on that replica: its share of ``train_batch_size x n``
+  (or of the validation batch) sequences, at most ``max_num_seqs`` running, each up to ``max_model_len`` tokens.
+  When they do not fit, vLLM queues or preempts sequences: the rollout is slower, not wrong, so it is a warning.
+* **Training peak** (the actor update, one micro-batch's backward): parameters, gradients and Adam sharded on GPU
+  (verl loads offloaded parts back for the update; only ``offload_policy`` keeps them on host); the checkpointed
+  activations of the micro-batch's tokens (one hidden state per layer, plus one layer recomputed in backward with
+  its gradients); the logits over the vocabulary and their gradient; the FSDP units gathered at once (the largest
+  unit with its unsharded gradient, and the next one prefetched); vLLM asleep (``free_cache_engine``: weights and KV
+  cache released, its CUDA context kept) or its whole share.
 
 Model size comes from the model's ``config.json`` (a local directory), else from :data:`KNOWN_SHAPES` for the
 hub ids of the recipes (the same fields, copied from their config.json); anything else is not estimated.
-Activations (the actor's micro-batches, vLLM's prefill) are not modelled beyond a fixed runtime reserve.
+Not modelled: vLLM's prefill activations (inside its fixed runtime reserve), the entropy term's fp32 copies
+(``entropy_coeff`` is 0 in the recipes) and allocator fragmentation.
 """
 
 from __future__ import annotations
@@ -27,6 +37,9 @@ ADAM_STATE_BYTES = 8
 #: vLLM memory besides weights and KV cache: the CUDA context and the activation peak of its profiling run
 #: (chunked prefill of ``max_num_batched_tokens``). A rough, deliberately generous figure.
 VLLM_RUNTIME_RESERVE_GIB = 2.0
+#: What stays on a GPU of the sleeping vLLM and the trainer during an update: their CUDA contexts and what vLLM's
+#: allocator keeps asleep. A rough figure, like the reserve above.
+CUDA_CONTEXTS_GIB = 1.0
 #: GPU size assumed when no GPU is visible (the released recipe's 80 GB GPUs).
 ASSUMED_GPU_GIB = 80.0
 
@@ -105,12 +118,25 @@ class ModelShape:
         )
 
     @property
-    def parameters(self) -> int:
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_parameters(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_width
         attention = self.hidden * q + 2 * self.hidden * kv + q * self.hidden + (q + 2 * kv if self.qkv_bias else 0)
-        layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + two RMSNorms
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + two RMSNorms
+
+    @property
+    def parameters(self) -> int:
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
-        return self.layers * layer + embeddings + self.hidden  # + the final norm
+        return self.layers * self.layer_parameters + embeddings + self.hidden  # + the final norm
+
+    @property
+    def largest_fsdp_unit(self) -> int:
+        """Parameters of the largest unit verl's FSDP2 wrapping makes: the embeddings (with the final norm in the
+        root when tied to the output layer, else a unit of their own, as is ``lm_head``), or a decoder layer."""
+        return max(self.vocab * self.hidden + (self.hidden if self.tied else 0), self.layer_parameters)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes  # K and V of every layer
@@ -127,6 +153,57 @@ def model_shape(model_path: str) -> tuple[ModelShape, str] | None:
     return None
 
 
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class TrainingPeak:
+    """Per GPU during the backward of one actor micro-batch (see the module docstring for what each part is)."""
+
+    tokens: int  # per micro-batch on one GPU
+    state_bytes: float  # parameters + gradients + Adam, sharded
+    ref_bytes: float
+    checkpointed_bytes: float  # the layers' input hidden states (all activations without checkpointing)
+    recomputed_layer_bytes: float  # one layer's activations and their gradients in backward (0 without checkpointing)
+    logits_bytes: float  # logits, their gradient (and their temperature-scaled copy when temperature != 1)
+    gathered_bytes: float  # unsharded FSDP units
+    vllm_bytes: float
+    vllm_asleep: bool
+    layers: int
+    vocab: int
+
+    @property
+    def total_bytes(self) -> float:
+        return (
+            self.state_bytes
+            + self.ref_bytes
+            + self.checkpointed_bytes
+            + self.recomputed_layer_bytes
+            + self.logits_bytes
+            + self.gathered_bytes
+            + self.vllm_bytes
+        )
+
+    def lines(self, gpu_bytes: float, gpus: int) -> list[str]:
+        activations = (
+            f"    checkpointed activations ({self.layers} layer inputs): {_gib(self.checkpointed_bytes)}; "
+            f"one layer recomputed in backward: {_gib(self.recomputed_layer_bytes)}"
+            if self.recomputed_layer_bytes
+            else f"    activations of {self.layers} layers (no gradient checkpointing): {_gib(self.checkpointed_bytes)}"
+        )
+        vllm = "asleep (weights and KV cache freed)" if self.vllm_asleep else "awake (free_cache_engine off)"
+        return [
+            f"  training peak ({self.tokens:,} tokens per micro-batch): {_gib(self.total_bytes)} of {_gib(gpu_bytes)}",
+            f"    actor state (parameters + gradients + Adam, FSDP over {gpus}): {_gib(self.state_bytes)}",
+            *([f"    reference (on GPU): {_gib(self.ref_bytes)}"] if self.ref_bytes else []),
+            activations,
+            f"    logits and their gradient ({self.tokens:,} x {self.vocab:,}): {_gib(self.logits_bytes)}",
+            f"    gathered FSDP units (largest unit + its gradient, next unit): {_gib(self.gathered_bytes)}",
+            f"    vLLM {vllm} and CUDA contexts: {_gib(self.vllm_bytes)}",
+        ]
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     model: str
@@ -135,7 +212,7 @@ class MemoryEstimate:
     gpus: int
     gpu_bytes: float
     gpu_assumed: bool
-    actor_bytes: float  # per GPU: params + grads + Adam, sharded (0 for what is offloaded)
+    actor_bytes: float  # per GPU during rollout: params + Adam, sharded (0 for what is offloaded); no gradients
     actor_host_bytes: float  # per GPU, offloaded parts
     actor_dtype: str
     ref_bytes: float
@@ -152,29 +229,30 @@ class MemoryEstimate:
     context_tokens: int  # running_sequences x max_model_len
     max_model_len: int
     busiest_phase: str
+    training: TrainingPeak
 
     @property
     def rollout_total_bytes(self) -> float:
         return self.actor_bytes + self.ref_bytes + self.vllm_share_bytes
 
     def lines(self) -> list[str]:
-        gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
-        gpu = f"{gib(self.gpu_bytes)} GPUs" + (" assumed (no GPU visible)" if self.gpu_assumed else "")
+        gpu = f"{_gib(self.gpu_bytes)} GPUs" + (" assumed (no GPU visible)" if self.gpu_assumed else "")
         ref_place = "offloaded to host memory" if self.ref_offload else "on GPU"
         return [
             f"memory per GPU (estimate): {self.model}, {self.parameters / 1e9:.2f}B parameters from {self.source}; "
             f"{self.gpus} x {gpu}",
-            f"  actor ({self.actor_dtype} parameters + gradients + Adam, FSDP over {self.gpus}): "
-            f"{gib(self.actor_bytes)}"
-            + (f" (+ {gib(self.actor_host_bytes)} offloaded to host)" if self.actor_host_bytes else ""),
-            f"  reference ({ref_place}): {gib(self.ref_bytes)}"
-            + (f" (+ {gib(self.ref_host_bytes)} on host)" if self.ref_offload else ""),
-            f"  vLLM share: {gib(self.vllm_share_bytes)} = weights {gib(self.vllm_weight_bytes)} + runtime reserve "
-            f"{VLLM_RUNTIME_RESERVE_GIB:.1f} GiB + KV cache {gib(self.kv_cache_bytes)} "
+            f"  rollout: {_gib(self.rollout_total_bytes)} of {_gib(self.gpu_bytes)}",
+            f"    actor ({self.actor_dtype} parameters + Adam, FSDP over {self.gpus}; gradients freed after each "
+            f"update): {_gib(self.actor_bytes)}"
+            + (f" (+ {_gib(self.actor_host_bytes)} offloaded to host)" if self.actor_host_bytes else ""),
+            f"    reference ({ref_place}): {_gib(self.ref_bytes)}"
+            + (f" (+ {_gib(self.ref_host_bytes)} on host)" if self.ref_offload else ""),
+            f"    vLLM share: {_gib(self.vllm_share_bytes)} = weights {_gib(self.vllm_weight_bytes)} + runtime "
+            f"reserve {VLLM_RUNTIME_RESERVE_GIB:.1f} GiB + KV cache {_gib(self.kv_cache_bytes)} "
             f"-> {self.kv_tokens:,} tokens per replica ({self.replicas} replicas x TP {self.tensor_parallel})",
-            f"  contexts at once ({self.busiest_phase}): {self.running_sequences} of {self.sequences_per_replica} "
+            f"    contexts at once ({self.busiest_phase}): {self.running_sequences} of {self.sequences_per_replica} "
             f"sequences per replica x max_model_len {self.max_model_len} = {self.context_tokens:,} tokens",
-            f"  during rollout: {gib(self.rollout_total_bytes)} of {gib(self.gpu_bytes)}",
+            *self.training.lines(self.gpu_bytes, self.gpus),
         ]
 
     def warnings(self) -> list[str]:
@@ -194,8 +272,17 @@ class MemoryEstimate:
         if self.rollout_total_bytes > self.gpu_bytes:
             out.append(
                 f"actor, reference and vLLM together need ~{self.rollout_total_bytes / GIB:.1f} GiB per GPU of "
-                f"{self.gpu_bytes / GIB:.1f}: offload (actor.fsdp_config.param_offload / optimizer_offload, "
-                "ref.fsdp_config.param_offload) or lower rollout.gpu_memory_utilization"
+                f"{self.gpu_bytes / GIB:.1f} during rollout: offload (actor.fsdp_config.param_offload / "
+                "optimizer_offload, ref.fsdp_config.param_offload) or lower rollout.gpu_memory_utilization"
+            )
+        if self.training.total_bytes > self.gpu_bytes:
+            checkpointing = "" if self.training.recomputed_layer_bytes else "set model.enable_gradient_checkpointing, "
+            out.append(
+                f"the actor update needs ~{self.training.total_bytes / GIB:.1f} GiB per GPU of "
+                f"{self.gpu_bytes / GIB:.1f} ({self.training.tokens:,} tokens per micro-batch): {checkpointing}lower "
+                "actor.ppo_micro_batch_size_per_gpu (or ppo_max_token_len_per_gpu with use_dynamic_bsz), raise "
+                "actor.ulysses_sequence_parallel_size or the GPU count, or set actor.fsdp_config.offload_policy=true "
+                "(param_offload and optimizer_offload do not help here: verl loads both back for the update)"
             )
         return out
 
@@ -219,9 +306,15 @@ def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
     actor_dtype = str(actor_cfg.get("model_dtype") or "fp32")
     weights = params * DTYPE_BYTES[actor_dtype] / gpus
     optimizer = params * ADAM_STATE_BYTES / gpus
-    on_gpu = (0 if actor_cfg.param_offload else 2 * weights) + (0 if actor_cfg.optimizer_offload else optimizer)
+    all_on_host = bool(actor_cfg.get("offload_policy"))  # FSDP2's CPUOffloadPolicy: state and optimizer step on host
+    on_gpu = (
+        0
+        if all_on_host
+        else (0 if actor_cfg.param_offload else weights) + (0 if actor_cfg.optimizer_offload else optimizer)
+    )
     ref_cfg = aro.ref.fsdp_config
     ref_shard = params * DTYPE_BYTES[str(ref_cfg.get("model_dtype") or "fp32")] / gpus
+    ref_offload = bool(ref_cfg.param_offload) or str(aro.ref.get("strategy") or aro.actor.strategy) == "fsdp2"
     rollout = aro.rollout
     tp = int(rollout.tensor_model_parallel_size)
     share = float(rollout.gpu_memory_utilization) * gpu_bytes
@@ -232,6 +325,7 @@ def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
     phase, per_replica = _busiest_phase(config, replicas)
     running = min(per_replica, int(rollout.max_num_seqs))
     max_model_len = int(rollout.max_model_len or int(rollout.prompt_length) + int(rollout.response_length))
+    ref_on_gpu = 0 if ref_offload else ref_shard
     return MemoryEstimate(
         model=str(aro.model.path),
         source=source,
@@ -240,11 +334,11 @@ def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
         gpu_bytes=gpu_bytes,
         gpu_assumed=gpu_assumed,
         actor_bytes=on_gpu,
-        actor_host_bytes=2 * weights + optimizer - on_gpu,
+        actor_host_bytes=weights + optimizer - on_gpu,
         actor_dtype=actor_dtype,
-        ref_bytes=0 if ref_cfg.param_offload else ref_shard,
+        ref_bytes=ref_on_gpu,
         ref_host_bytes=ref_shard,
-        ref_offload=bool(ref_cfg.param_offload),
+        ref_offload=ref_offload,
         vllm_share_bytes=share,
         vllm_weight_bytes=vllm_weights,
         kv_cache_bytes=kv_bytes,
@@ -256,7 +350,61 @@ def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
         context_tokens=running * max_model_len,
         max_model_len=max_model_len,
         busiest_phase=phase,
+        training=_training_peak(
+            config,
+            shape,
+            state_bytes=0 if all_on_host else 2 * weights + optimizer,
+            ref_bytes=ref_on_gpu,
+            vllm_share_bytes=share,
+        ),
     )
+
+
+def _training_peak(config, shape: ModelShape, state_bytes: float, ref_bytes: float, vllm_share_bytes: float):
+    aro = config.actor_rollout_ref
+    precision = aro.actor.fsdp_config.get("mixed_precision") or {}
+    compute = DTYPE_BYTES[str(precision.get("param_dtype", "bf16"))]  # FSDP's mixed precision: bf16 by default
+    reduce = DTYPE_BYTES[str(precision.get("reduce_dtype", "fp32"))]
+    tokens = _micro_batch_tokens(config)
+    # one decoder layer's activations: both norm outputs, q and the attention output (hidden wide), k and v (kv
+    # wide), the MLP's gate, up and gated product (intermediate wide)
+    layer_activations = tokens * (4 * shape.hidden + 2 * shape.kv_width + 3 * shape.intermediate) * compute
+    checkpointing = bool(aro.model.get("enable_gradient_checkpointing"))
+    if checkpointing:  # each layer keeps its input; backward recomputes one layer at a time, with its gradients
+        kept, recomputed = shape.layers * tokens * shape.hidden * compute, 2 * layer_activations
+    else:
+        kept, recomputed = shape.layers * layer_activations, 0
+    # verl scales the logits by the temperature in place of a copy only at temperature 1
+    logits_copies = 2 if float(aro.rollout.temperature) == 1.0 else 3
+    largest = shape.largest_fsdp_unit
+    asleep = bool(aro.rollout.free_cache_engine)
+    return TrainingPeak(
+        tokens=tokens,
+        state_bytes=state_bytes,
+        ref_bytes=ref_bytes,
+        checkpointed_bytes=kept,
+        recomputed_layer_bytes=recomputed,
+        logits_bytes=logits_copies * tokens * shape.vocab * compute,
+        # gathered in the compute dtype with the unit prefetched after it; its unsharded gradient in the compute
+        # dtype and again in the reduce dtype for the reduce-scatter
+        gathered_bytes=(largest + shape.layer_parameters) * compute + largest * (compute + reduce),
+        vllm_bytes=CUDA_CONTEXTS_GIB * GIB + (0 if asleep else vllm_share_bytes),
+        vllm_asleep=asleep,
+        layers=shape.layers,
+        vocab=shape.vocab,
+    )
+
+
+def _micro_batch_tokens(config) -> int:
+    """Tokens one GPU runs through the actor at once: the dynamic batch's budget, else the micro-batch's
+    sequences at their longest (prompt + response), split over the sequence-parallel group."""
+    aro = config.actor_rollout_ref
+    actor = aro.actor
+    if actor.use_dynamic_bsz:
+        return int(actor.ppo_max_token_len_per_gpu)
+    sequence = int(aro.rollout.prompt_length) + int(aro.rollout.response_length)
+    parallel = int(actor.get("ulysses_sequence_parallel_size") or 1)
+    return math.ceil(int(actor.ppo_micro_batch_size_per_gpu) * sequence / parallel)
 
 
 def _busiest_phase(config, replicas: int) -> tuple[str, int]:

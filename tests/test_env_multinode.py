@@ -1,5 +1,6 @@
 """Several nodes on one machine (two Ray nodes): one environment service per node, owned by an actor on
-that node; each worker uses its own node's service; a failure profile reaches every service."""
+that node; each worker uses its own node's service; a failure profile reaches every service; the preflight node check
+passes on both."""
 
 from __future__ import annotations
 
@@ -76,6 +77,29 @@ def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all(
     for url in nodes.values():
         with pytest.raises(requests.ConnectionError):
             requests.get(url + "/health", timeout=5)
+
+
+@pytest.mark.slow
+def test_both_nodes_pass_the_node_check(cluster, tmp_path, monkeypatch):
+    """Two Ray nodes on one machine share its filesystem, repository and venv: the check runs on each and finds
+    nothing; a third node asked for is refused."""
+    from pathlib import Path
+
+    from seal import multinode
+    from seal.launch import compose_recipe
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    config = compose_recipe(
+        "exp/cpu_tiny.yaml",
+        [f"seal.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/checkpoints", "trainer.nnodes=2"],
+    )
+    multinode.absolute_paths(config)
+    assert multinode.cluster_problems(config) == []
+    config.trainer.nnodes = 3
+    assert multinode.cluster_problems(config) == [
+        "trainer.nnodes=3 but the Ray cluster has 2 alive node(s): start the others with `ray start --address=HEAD:6379` "
+        "first"
+    ]
 
 
 @pytest.mark.slow
