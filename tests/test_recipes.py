@@ -95,7 +95,8 @@ RELEASED_RECIPE = {
     "trainer.best_checkpoint_mode": ("seal.checkpoint.best_mode", "max"),
     "trainer.resume_mode": ("trainer.resume_mode", "auto"),
     "trainer.balance_batch": ("trainer.balance_batch", True),
-    "trainer.logger": ("trainer.logger", ["console"]),
+    # upstream logged to the console only; ours also writes the metrics file (figures, tables) and tensorboard
+    "trainer.logger": ("trainer.logger", ["console", "file", "tensorboard"]),
     "trainer.default_local_dir": ("trainer.default_local_dir", "checkpoints/SEAL/SEAL"),
     "env_service.bfcl.strict_tool_parser": ("env_service.bfcl.strict_tool_parser", True),
     "env_service.bfcl.enforce_available_tools": ("env_service.bfcl.enforce_available_tools", True),
@@ -209,6 +210,12 @@ def test_seal_recipe_has_every_released_value():
             mismatches[released_key] = (our_key, actual, expected)
     assert not mismatches, mismatches
     assert cfg["data.train_files"] == "data/bfcl_train.parquet"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_writes_the_metrics_file_that_figures_and_tables_read(recipe):
+    # verl writes metrics_*.jsonl only with its `file` logger; without it a run leaves no figures and no table row
+    assert "file" in OmegaConf.to_container(compose_recipe(str(recipe)).trainer.logger)
 
 
 @pytest.mark.parametrize("ablation", sorted(ABLATIONS))
