@@ -88,6 +88,24 @@ class DiagnosticStats:
             for text in traj.get("env_texts") or ():
                 self.errors.update(find_errors(str(text)))
 
+    # ------------------------------------------------------------------ checkpoints
+    def window_state(self) -> dict[str, Any]:
+        """What this collector's window holds beyond the capability state's (saved with a checkpoint, so a
+        resumed run's epoch dump still covers the steps trained before the resume)."""
+        return {
+            "other_window": {k: s.to_dict() for k, s in self.other_window.items()},
+            "errors": dict(self.errors),
+            "failed_skipped": self.failed_skipped,
+            "last_epoch": self.last_epoch,
+            "last_step": self.last_step,
+        }
+
+    def load_window_state(self, saved: Mapping[str, Any]) -> None:
+        self.other_window = {str(k): CapabilityStats.from_dict(v) for k, v in saved["other_window"].items()}
+        self.errors = Counter(saved["errors"])
+        self.failed_skipped = int(saved["failed_skipped"])
+        self.last_epoch, self.last_step = saved["last_epoch"], saved["last_step"]
+
     # ------------------------------------------------------------------ read-outs
     def metrics(self) -> dict[str, float]:
         """Window per-category metrics and capability-state metrics. Called right after
