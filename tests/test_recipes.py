@@ -6,7 +6,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from seal.launch import PreflightError, compose_recipe, preflight
+from seal.config.checks import value_problems
+from seal.launch import PreflightError, compose_recipe, main, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "exp").glob("*.yaml"))
@@ -197,6 +198,7 @@ def test_every_recipe_composes_and_resolves(recipe):
     container = OmegaConf.to_container(cfg, resolve=True)
     assert container["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] == "seal_bfcl"
     assert container["trainer"]["use_v1"] is False
+    assert value_problems(cfg) == []  # the value checks refuse nothing a shipped recipe sets
 
 
 def test_seal_recipe_has_every_released_value():
@@ -309,3 +311,25 @@ def test_launcher_refuses_an_unreachable_environment_service(capsys):
     rc = main(["--conf", str(ROOT / "exp" / "cpu_tiny.yaml"), "env_service.url=http://127.0.0.1:9"])
     err = capsys.readouterr().err
     assert rc == 2 and "env_service.url 'http://127.0.0.1:9' is not reachable" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("seal.apatch.apply_to=bogus", "apatch.apply_to must be one of ['all', 'positive_advantage'"),
+        ("seal.apatch.dynamic.ema_beta=2", "apatch.dynamic.ema_beta must be <= 1.0"),
+        ("seal.reward.mode=bogus", "seal.reward.mode': expected one of binary, capped, t3rl"),
+        ("seal.checkpoint.best_mode=up", "seal.checkpoint.best_mode must be max or min, got 'up'"),
+        ("seal.validation.max_env_failure_share=2", "seal.validation.max_env_failure_share must be a share"),
+        ("seal.rollout.max_model_calls=2.5", "seal.rollout.max_model_calls must be an integer"),
+        ("data.max_prompt_length=abc", "data.max_prompt_length must be an integer (like its default 512), got 'abc'"),
+        ("trainer.val_before_train=1", "trainer.val_before_train must be true or false"),
+        ("actor_rollout_ref.actor.optim.lr=fast", "actor_rollout_ref.actor.optim.lr must be a number"),
+    ],
+)
+def test_dry_run_refuses_a_bad_value_in_one_line(capsys, override, says):
+    assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "--dry-run", override]) == 2
+    out, err = capsys.readouterr()
+    assert says in err and "Traceback" not in err
+    assert err.count("\n  - ") == 1  # one problem, one line
+    assert not out  # refused before the config is printed (or anything is built)
