@@ -81,8 +81,11 @@ def prompt_fit_overrides(recipe: str, overrides: list[str]) -> list[str]:
 
     if any(o.lstrip("+").split("=", 1)[0] in PROMPT_KEYS for o in overrides):
         return []
-    config = launch.compose_recipe(recipe, overrides)
-    budget = int(config.data.max_prompt_length)
+    try:
+        config = launch.compose_recipe(recipe, overrides)
+        budget = int(config.data.max_prompt_length)
+    except Exception:  # noqa: BLE001 - a recipe or override that cannot run: the launcher says why, in one line
+        return []
     model = config.actor_rollout_ref.model
     episodes = prompt_budget.run_episodes(launch._as_list(config.data.val_files))
     bfcl = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
