@@ -322,7 +322,7 @@ def test_launcher_refuses_an_unreachable_environment_service(capsys):
         ("seal.checkpoint.best_mode=up", "seal.checkpoint.best_mode must be max or min, got 'up'"),
         ("seal.validation.max_env_failure_share=2", "seal.validation.max_env_failure_share must be a share"),
         ("seal.rollout.max_model_calls=2.5", "seal.rollout.max_model_calls must be an integer"),
-        ("data.max_prompt_length=abc", "data.max_prompt_length must be an integer (like its default 512), got 'abc'"),
+        ("data.max_prompt_length=abc", "data.max_prompt_length must be a number (like its default 512), got 'abc'"),
         ("trainer.val_before_train=1", "trainer.val_before_train must be true or false"),
         ("actor_rollout_ref.actor.optim.lr=fast", "actor_rollout_ref.actor.optim.lr must be a number"),
     ],
@@ -333,3 +333,11 @@ def test_dry_run_refuses_a_bad_value_in_one_line(capsys, override, says):
     assert says in err and "Traceback" not in err
     assert err.count("\n  - ") == 1  # one problem, one line
     assert not out  # refused before the config is printed (or anything is built)
+
+
+def test_fractional_knobs_verl_writes_with_integer_defaults_pass():
+    cfg = compose_recipe(
+        str(ROOT / "exp" / "SEAL.yaml"),
+        ["actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.actor.entropy_coeff=0.001"],
+    )
+    assert value_problems(cfg) == []

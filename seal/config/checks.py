@@ -4,8 +4,9 @@ Hydra accepts any override whose key exists (``data.max_prompt_length=abc``, ``s
 the value would surface much later, as a traceback in a Ray worker. Here:
 
 - the type of every leaf is held to the type of its default (verl's generated ``ppo_trainer`` for verl's keys,
-  ``seal_defaults.yaml`` for ours): a number or switch given as text, a switch given as a number, a fraction
-  where a count belongs;
+  ``seal_defaults.yaml`` for ours): a number or switch given as text, a switch given as a number, and for our
+  keys a fraction where a count belongs (verl writes some fractional knobs with integer defaults, e.g.
+  ``rollout.top_p: 1``, so for its keys any number passes where its default is an integer);
 - each ``seal.*`` block is checked by the code that reads it (``seal.apatch`` by ``APatchConfig``,
   ``seal.reward`` by the environment's ``RewardConfig``) or by the ranges and choices listed here.
 
@@ -38,14 +39,17 @@ SEAL_RULES: dict[str, tuple[Any, str]] = {
 
 
 @functools.cache
-def _reference_leaves() -> dict[str, Any]:
-    """Default value of every key: verl's generated trainer config, then seal's defaults (read, not resolved)."""
+def _reference_leaves() -> dict[str, tuple[Any, bool]]:
+    """(default value, whether an integer default means integers only) of every key: verl's generated trainer
+    config, then seal's defaults (read, not resolved)."""
     import verl.trainer.config as verl_config
 
     verl_defaults = Path(verl_config.__file__).resolve().parent / "_generated_ppo_trainer.yaml"
-    leaves: dict[str, Any] = {}
-    for path in (verl_defaults, SEAL_DEFAULTS):
-        _flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=False), "", leaves)
+    leaves: dict[str, tuple[Any, bool]] = {}
+    for path, ours in ((verl_defaults, False), (SEAL_DEFAULTS, True)):
+        found: dict[str, Any] = {}
+        _flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=False), "", found)
+        leaves.update({key: (value, ours) for key, value in found.items()})
     return leaves
 
 
@@ -57,15 +61,15 @@ def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
         out[prefix[:-1]] = node
 
 
-def _type_problem(key: str, value: Any, default: Any) -> str | None:
+def _type_problem(key: str, value: Any, default: Any, strict_int: bool) -> str | None:
     """A value whose type cannot be what the key's default says (nulls and interpolated defaults say nothing)."""
     if value is None or default is None or isinstance(default, str):
         return None
     if isinstance(default, bool):
         ok, want = isinstance(value, bool), "true or false"
-    elif isinstance(default, int):
+    elif isinstance(default, int) and strict_int:
         ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif isinstance(default, float):
+    elif isinstance(default, (int, float)):
         ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
     else:
         return None  # lists and mappings: their items are checked where they are read
@@ -77,7 +81,7 @@ def type_problems(config: DictConfig) -> list[str]:
     leaves: dict[str, Any] = {}
     _flatten(OmegaConf.to_container(config, resolve=True), "", leaves)
     reference = _reference_leaves()
-    found = (_type_problem(key, value, reference[key]) for key, value in leaves.items() if key in reference)
+    found = (_type_problem(key, value, *reference[key]) for key, value in leaves.items() if key in reference)
     return [problem for problem in found if problem]
 
 
