@@ -21,6 +21,7 @@ per-epoch diagnostic dumps, the failure profile pushed to the environment servic
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -89,7 +90,11 @@ class SealTrainer(RayPPOTrainer):
         A file of its own (verl's file logger truncates and owns its file); ``read_metrics`` merges both."""
         if "file" not in self.config.trainer.logger:
             return
-        line = {"step": self.global_steps, "data": {k: float(v) for k, v in reduce_metrics(metrics).items()}}
+        data = {}
+        for key, value in reduce_metrics(metrics).items():
+            with contextlib.suppress(TypeError, ValueError):  # a metric that is not a number is verl's logger's
+                data[key] = float(value)
+        line = {"step": self.global_steps, "data": data}
         with open(os.path.join(self._run_dir(), STEP_METRICS_FILE), "a") as f:
             f.write(json.dumps(line) + "\n")
 
