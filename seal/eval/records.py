@@ -163,8 +163,12 @@ def describe_failures(records: Iterable[dict]) -> str:
     if not sides:
         return ""
     total = sum(len(ids) for ids in sides.values())
-    parts = "; ".join(f"{len(ids)} on {FAILED_BY.get(side, side)} ({', '.join(ids)})" for side, ids in sides.items())
+    parts = "; ".join(f"{len(ids)} on {FAILED_BY.get(side, side)} ({_some(ids)})" for side, ids in sides.items())
     return f"{total} episode(s) could not run and are left out of the accuracy: {parts}"
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    return ", ".join(ids[:shown]) + (f", ... ({len(ids) - shown} more)" if len(ids) > shown else "")
 
 
 def scored(records: Iterable[dict]) -> list[dict]:
