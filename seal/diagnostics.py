@@ -88,6 +88,24 @@ class DiagnosticStats:
             for text in traj.get("env_texts") or ():
                 self.errors.update(find_errors(str(text)))
 
+    # ------------------------------------------------------------------ checkpoints
+    def window_state(self) -> dict[str, Any]:
+        """What this collector's window holds beyond the capability state's (saved with a checkpoint, so a
+        resumed run's epoch dump still covers the steps trained before the resume)."""
+        return {
+            "other_window": {k: s.to_dict() for k, s in self.other_window.items()},
+            "errors": dict(self.errors),
+            "failed_skipped": self.failed_skipped,
+            "last_epoch": self.last_epoch,
+            "last_step": self.last_step,
+        }
+
+    def load_window_state(self, saved: Mapping[str, Any]) -> None:
+        self.other_window = {str(k): CapabilityStats.from_dict(v) for k, v in saved["other_window"].items()}
+        self.errors = Counter(saved["errors"])
+        self.failed_skipped = int(saved["failed_skipped"])
+        self.last_epoch, self.last_step = saved["last_epoch"], saved["last_step"]
+
     # ------------------------------------------------------------------ read-outs
     def metrics(self) -> dict[str, float]:
         """Window per-category metrics and capability-state metrics. Called right after
@@ -174,7 +192,6 @@ def plot_over_steps(
     is changed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     items = sorted(_history_items(history), key=lambda kv: kv[0])
     tags = sorted({t for _, weights in items for t in weights})
@@ -186,7 +203,7 @@ def plot_over_steps(
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=tag)
     if reference is not None:
         ax.axhline(reference, color="grey", linewidth=0.8, linestyle="--")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
+    integer_steps(ax)
     ax.set_xlabel("global step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -196,6 +213,14 @@ def plot_over_steps(
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def integer_steps(ax) -> None:
+    """Step ticks at integers only, even for a run of one or two steps (matplotlib's integer locator gives up
+    and draws fractional ticks when fewer than two integers are in view)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def _history_items(history: Any) -> list[tuple[int, dict[str, float]]]:

@@ -17,7 +17,10 @@ rollout-correction check, which needs one trained token.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+import torch
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
@@ -39,12 +42,15 @@ def regroup_without_failed(batch, norm_adv_by_std: bool) -> int:
     verl's ``compute_grpo_outcome_advantage`` is called exactly as verl calls it, only with a different group
     index: a failed episode alone in its group gets advantage 0 (reward 0, mean 0), and the other members of its
     original group get the statistics of the group without it. Groups without failures are unchanged.
+    A group left with one usable member has nothing to compare it with: verl would give that lone survivor
+    mean 0 and std 1, i.e. its raw reward as advantage (which A-Patch could then scale up), so it gets 0.
     Returns the number of failed episodes.
     """
     failed = failed_mask(batch)
     if not failed.any():
         return 0
-    index = np.array(batch.non_tensor_batch["uid"], dtype=object)
+    uids = np.array(batch.non_tensor_batch["uid"], dtype=object)
+    index = uids.copy()
     index[failed] = [f"seal-env-failed-{i}" for i in np.flatnonzero(failed)]
     advantages, returns = compute_grpo_outcome_advantage(
         token_level_rewards=batch.batch["token_level_rewards"],
@@ -52,9 +58,19 @@ def regroup_without_failed(batch, norm_adv_by_std: bool) -> int:
         index=index,
         norm_adv_by_std_in_grpo=norm_adv_by_std,
     )
+    lone = lone_survivors(uids, failed)
+    advantages[lone] = 0.0
+    returns[lone] = 0.0
     batch.batch["advantages"] = advantages
     batch.batch["returns"] = returns
     return int(failed.sum())
+
+
+def lone_survivors(uids: np.ndarray, failed: np.ndarray) -> torch.Tensor:
+    """Rows that are the only usable member of a group that lost members to environment failures."""
+    survivors = Counter(uids[~failed].tolist())
+    lost = set(uids[failed].tolist())
+    return torch.as_tensor([not f and u in lost and survivors[u] < 2 for u, f in zip(uids.tolist(), failed)])
 
 
 def split_validation_failures(data_sources, sample_uids, infos: dict, sample_turns: list, max_share: float):

@@ -13,8 +13,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from seal.apatch import SCALE_QUANTILES  # per-step quantiles of the scales (``seal/apatch/scale/<q>``)
-from seal.diagnostics import plot_over_steps
+from seal.diagnostics import integer_steps, plot_over_steps
 
 PANELS = ("average", "base", "miss_func", "miss_param", "long_context")
 APATCH = "seal/apatch"
@@ -62,6 +61,7 @@ def accuracy_bands(runs: Mapping[str, Mapping[int, Mapping]], path: str) -> str 
             )
         ax.set_title(column.replace("_", " "))
         ax.set_xlabel("global step")
+        integer_steps(ax)
         if i == 0:
             ax.set_ylabel("held-out accuracy (%)")
     handles, labels = fig.axes[0].get_legend_handles_labels()
@@ -109,28 +109,56 @@ def label_shares(epoch_dumps: Mapping[int, Mapping], path: str) -> str | None:
     return plot_over_steps(history, path, title="paper-label shares per epoch", ylabel="share of turns", reference=None)
 
 
+#: The nested quantile bands of ``apatch_scales``, outermost first: (low, high, opacity).
+SCALE_BANDS = (("min", "max", 0.12), ("p10", "p90", 0.2), ("p25", "p75", 0.3))
+#: Half the width of a one-step band (a band over a single step has no width of its own).
+ONE_STEP_HALF_WIDTH = 0.3
+
+
+def scale_bands(metrics: Mapping[int, Mapping[str, float]], steps: list[int]) -> list[tuple[str, list, list, list]]:
+    """The quantile bands that would show: (label, steps, low, high) over the steps that logged both quantiles.
+    A band of no height anywhere is left out, and a band equal to the next narrower one (which would hide it) is
+    merged into it, so the legend names only what is visible."""
+    bands = []
+    for low, high, _ in SCALE_BANDS:
+        keys = (f"{APATCH}/scale/{low}", f"{APATCH}/scale/{high}")
+        at = [s for s in steps if all(k in metrics[s] for k in keys)]
+        lows, highs = [float(metrics[s][keys[0]]) for s in at], [float(metrics[s][keys[1]]) for s in at]
+        if not at or all(h <= lo for lo, h in zip(lows, highs)):
+            bands.append(None)
+            continue
+        if bands and bands[-1] is not None and bands[-1][1:] == (at, lows, highs):
+            outer = bands.pop()
+            bands.append((f"{outer[0]} = {low}–{high}", at, lows, highs))
+            continue
+        bands.append((f"{low}–{high}", at, lows, highs))
+    return [b for b in bands if b is not None]
+
+
+def _one_step_wide(steps: list[int], *series: list[float]) -> tuple[list[float], ...]:
+    """A single step drawn as a short span around it, so that a band over it has an area."""
+    if len(steps) != 1:
+        return (steps, *series)
+    return ([steps[0] - ONE_STEP_HALF_WIDTH, steps[0] + ONE_STEP_HALF_WIDTH], *[v * 2 for v in series])
+
+
 def apatch_scales(metrics: Mapping[int, Mapping[str, float]], path: str) -> str | None:
-    """The distribution of A-Patch scales per step: nested quantile bands and the median when the trainer logs
+    """The distribution of A-Patch scales per step: nested quantile bands and the median where the trainer logged
     ``seal/apatch/scale/<quantile>``; the mean scale (``seal/apatch/mean_scale``) always."""
     steps = sorted(s for s, d in metrics.items() if f"{APATCH}/mean_scale" in d)
     if not steps:
         return None
     fig = _figure(8, 4.5)
     ax = fig.add_subplot(1, 1, 1)
-    quantiles = {q: [metrics[s].get(f"{APATCH}/scale/{q}") for s in steps] for q in SCALE_QUANTILES}
-    for low, high, alpha in (("min", "max", 0.12), ("p10", "p90", 0.2), ("p25", "p75", 0.3)):
-        if all(v is not None for v in quantiles[low] + quantiles[high]):
-            ax.fill_between(
-                steps,
-                quantiles[low],
-                quantiles[high],
-                color="tab:blue",
-                alpha=alpha,
-                linewidth=0,
-                label=f"{low}–{high}",
-            )
-    if all(v is not None for v in quantiles["p50"]):
-        ax.plot(steps, quantiles["p50"], color="tab:blue", label="median")
+    alphas = {f"{low}–{high}": alpha for low, high, alpha in SCALE_BANDS}
+    for label, at, lows, highs in scale_bands(metrics, steps):
+        x, lows, highs = _one_step_wide(at, lows, highs)
+        alpha = alphas[label.rsplit(" = ", 1)[-1]]  # a merged band is drawn as the narrower one it equals
+        ax.fill_between(x, lows, highs, color="tab:blue", alpha=alpha, linewidth=0, label=label)
+    median = [s for s in steps if f"{APATCH}/scale/p50" in metrics[s]]
+    if median:
+        values = [metrics[s][f"{APATCH}/scale/p50"] for s in median]
+        ax.plot(median, values, color="tab:blue", marker="s", markersize=3, label="median")
     ax.plot(
         steps,
         [metrics[s][f"{APATCH}/mean_scale"] for s in steps],
@@ -140,6 +168,7 @@ def apatch_scales(metrics: Mapping[int, Mapping[str, float]], path: str) -> str 
         label="mean",
     )
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    integer_steps(ax)
     ax.set_xlabel("global step")
     ax.set_ylabel("advantage scale")
     ax.set_title("A-Patch scales per step")
@@ -166,6 +195,7 @@ def reward_over_steps(
         line = ax.plot(steps, mean, marker="o", markersize=3, label=name)[0]
         low, high = [m - e for m, e in zip(mean, se)], [m + e for m, e in zip(mean, se)]
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    integer_steps(ax)
     ax.set_xlabel("global step")
     ax.set_ylabel(ylabel)
     ax.set_ylim(-0.05, 1.05)

@@ -44,8 +44,19 @@ def compose_recipe(conf: str, overrides: list[str] | tuple[str, ...] = ()) -> Di
 # ---- preflight ------------------------------------------------------------------------------------
 
 
+def check_values(config: DictConfig) -> None:
+    """Types of every key and the ``seal.*`` blocks (``seal/config/checks.py``): before anything is built or
+    checked with them (the checks below would trip over a number given as text)."""
+    from seal.config.checks import value_problems
+
+    problems = value_problems(config)
+    if problems:
+        raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
+
+
 def preflight(config: DictConfig) -> list[str]:
     """Raise ``PreflightError`` listing every problem found; return warnings."""
+    check_values(config)
     problems: list[str] = []
     warnings: list[str] = []
     _check_device(config, problems)
@@ -474,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_epochs=1")
     args = parser.parse_args(argv)
     try:
-        config = prepare(compose_recipe(args.conf, args.overrides))
+        config = compose_recipe(args.conf, args.overrides)
+        check_values(config)  # before prepare() builds anything from the values
+        config = prepare(config)
         for warning in preflight(config):
             print(f"[seal] warning: {warning}")
         _check_nodes(config)

@@ -13,13 +13,15 @@ One training step (verl's ``fit`` drives it; this class adds the SEAL parts):
 
 Step 3's regrouping and steps 4–5 run in ``_update_actor``: verl calls it right after the GRPO advantages are computed and before the
 policy update, so overriding it (and nothing of ``fit``) places them exactly where the paper does.
-Around the step: validation metrics over the episodes the environment could run (``_val_metrics_update``),
+Around the step: its training metrics on disk before its validation (``_write_step_metrics``), validation
+metrics over the episodes the environment could run (``_val_metrics_update``),
 best-checkpoint selection by the four-category average, capability state in checkpoints,
 per-epoch diagnostic dumps, the failure profile pushed to the environment service, HF export at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +31,7 @@ import uuid
 import numpy as np
 from omegaconf import OmegaConf
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.utils.metric import reduce_metrics
 
 from env_service.files import atomic_write_json
 from seal.agent_loop import env_client
@@ -43,6 +46,8 @@ from seal.validation import BestCheckpoint, category_average, validation_table
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "seal_capability_state.json"
+#: The training metrics of each step as soon as its update is done (a ``metrics_*.jsonl``: the run readers take it).
+STEP_METRICS_FILE = "metrics_steps.jsonl"
 
 
 class SealTrainer(RayPPOTrainer):
@@ -76,7 +81,22 @@ class SealTrainer(RayPPOTrainer):
         seal_metrics["timing_s/seal_step"] = time.perf_counter() - start  # verl times the update around it
         output = super()._update_actor(batch)
         output.meta_info["metrics"].update(seal_metrics)
+        self._write_step_metrics(output.meta_info["metrics"])
         return output
+
+    def _write_step_metrics(self, metrics: dict) -> None:
+        """The step's training metrics, on disk before the step's validation: verl logs a step only after its
+        validation, so a validation that dies (an out-of-memory at the last step) would take them along.
+        A file of its own (verl's file logger truncates and owns its file); ``read_metrics`` merges both."""
+        if "file" not in self.config.trainer.logger:
+            return
+        data = {}
+        for key, value in reduce_metrics(metrics).items():
+            with contextlib.suppress(TypeError, ValueError):  # a metric that is not a number is verl's logger's
+                data[key] = float(value)
+        line = {"step": self.global_steps, "data": data}
+        with open(os.path.join(self._run_dir(), STEP_METRICS_FILE), "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def _seal_step(self, batch) -> dict:
         """Diagnose → update the capability state → A-Patch, on the batch verl is about to train on."""
@@ -118,7 +138,9 @@ class SealTrainer(RayPPOTrainer):
         self.epoch_in_window = epoch
 
     def _finalize_epoch(self, epoch: int) -> None:
-        path = self.stats.finalize_epoch(self.config.seal.diagnosis.dump_dir, epoch, self.global_steps)
+        # at the epoch's last trained step (the figures draw the dump there), not at the step that noticed the end
+        step = self.global_steps if self.stats.last_step is None else self.stats.last_step
+        path = self.stats.finalize_epoch(self.config.seal.diagnosis.dump_dir, epoch, step)
         print(f"[seal] epoch {epoch} diagnostics: {path}; capability state: {self.state.path}")
 
     def _push_failure_profile(self) -> None:
@@ -173,7 +195,12 @@ class SealTrainer(RayPPOTrainer):
         super()._save_checkpoint()
         atomic_write_json(
             self._checkpoint_state_path(),
-            {"state": self.state.state_dict(), "epoch_in_window": self.epoch_in_window, "run_uid": self.run_uid},
+            {
+                "state": self.state.state_dict(),
+                "epoch_in_window": self.epoch_in_window,
+                "run_uid": self.run_uid,
+                "diagnostics_window": self.stats.window_state(),
+            },
         )
         self.best.prune()
 
@@ -186,6 +213,8 @@ class SealTrainer(RayPPOTrainer):
                     saved = json.load(f)
                 self.state.load_state_dict(saved["state"])
                 self.epoch_in_window = saved["epoch_in_window"]
+                if "diagnostics_window" in saved:  # checkpoints written before it was saved have only the state
+                    self.stats.load_window_state(saved["diagnostics_window"])
                 self.run_uid = saved.get("run_uid", self.run_uid)
                 self.best.bind_run(self.run_uid)
                 print(f"[seal] restored capability state from {path}")

@@ -7,6 +7,7 @@ import pytest
 import torch
 from verl import DataProto
 
+from seal.apatch import apply_apatch
 from seal.env_failures import FAILED_KEY, TooManyEnvFailures, regroup_without_failed, split_validation_failures
 
 EPS = 1e-6
@@ -51,6 +52,22 @@ def test_without_std_normalisation_only_the_mean_is_removed():
     batch = make_batch([1.0, 0.0, 0.0], ["a", "a", "a"], [False, False, True])
     regroup_without_failed(batch, norm_adv_by_std=False)
     np.testing.assert_allclose(batch.batch["advantages"][:, 0].numpy(), [0.5, -0.5, 0.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_adv_by_std", [True, False])
+def test_a_lone_survivor_of_a_failed_group_gets_no_advantage(norm_adv_by_std):
+    # group a: three of four episodes failed on the environment side, the survivor has reward 1
+    rewards = [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    batch = make_batch(rewards, ["a", "a", "a", "a", "b", "b"], [True, True, False, True, False, False])
+    regroup_without_failed(batch, norm_adv_by_std=norm_adv_by_std)
+    adv = batch.batch["advantages"]
+    # nothing to compare the survivor with: no signal, not its raw reward (verl's one-member group: mean 0, std 1)
+    assert torch.all(adv[:4] == 0.0) and torch.all(batch.batch["returns"][:4] == 0.0)
+    expected_b = grpo_by_hand(rewards[4:]) if norm_adv_by_std else np.array(rewards[4:]) - np.mean(rewards[4:])
+    np.testing.assert_allclose(adv[4:, 0].numpy(), expected_b, rtol=1e-5)
+    # ... so A-Patch, which only scales, cannot make a signal out of it either
+    scaled, _ = apply_apatch(adv, [["spurious_tool_call"]] * 6, {"enable": True}, global_step=1)
+    assert torch.all(scaled[:4] == 0.0)
 
 
 def test_a_batch_without_failures_is_left_alone():

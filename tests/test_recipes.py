@@ -6,7 +6,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from seal.launch import PreflightError, compose_recipe, preflight
+from seal.config.checks import value_problems
+from seal.launch import PreflightError, compose_recipe, main, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "exp").glob("*.yaml"))
@@ -95,7 +96,8 @@ RELEASED_RECIPE = {
     "trainer.best_checkpoint_mode": ("seal.checkpoint.best_mode", "max"),
     "trainer.resume_mode": ("trainer.resume_mode", "auto"),
     "trainer.balance_batch": ("trainer.balance_batch", True),
-    "trainer.logger": ("trainer.logger", ["console"]),
+    # upstream logged to the console only; ours also writes the metrics file (figures, tables) and tensorboard
+    "trainer.logger": ("trainer.logger", ["console", "file", "tensorboard"]),
     "trainer.default_local_dir": ("trainer.default_local_dir", "checkpoints/SEAL/SEAL"),
     "env_service.bfcl.strict_tool_parser": ("env_service.bfcl.strict_tool_parser", True),
     "env_service.bfcl.enforce_available_tools": ("env_service.bfcl.enforce_available_tools", True),
@@ -196,6 +198,7 @@ def test_every_recipe_composes_and_resolves(recipe):
     container = OmegaConf.to_container(cfg, resolve=True)
     assert container["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] == "seal_bfcl"
     assert container["trainer"]["use_v1"] is False
+    assert value_problems(cfg) == []  # the value checks refuse nothing a shipped recipe sets
 
 
 def test_seal_recipe_has_every_released_value():
@@ -209,6 +212,12 @@ def test_seal_recipe_has_every_released_value():
             mismatches[released_key] = (our_key, actual, expected)
     assert not mismatches, mismatches
     assert cfg["data.train_files"] == "data/bfcl_train.parquet"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_writes_the_metrics_file_that_figures_and_tables_read(recipe):
+    # verl writes metrics_*.jsonl only with its `file` logger; without it a run leaves no figures and no table row
+    assert "file" in OmegaConf.to_container(compose_recipe(str(recipe)).trainer.logger)
 
 
 @pytest.mark.parametrize("ablation", sorted(ABLATIONS))
@@ -302,3 +311,33 @@ def test_launcher_refuses_an_unreachable_environment_service(capsys):
     rc = main(["--conf", str(ROOT / "exp" / "cpu_tiny.yaml"), "env_service.url=http://127.0.0.1:9"])
     err = capsys.readouterr().err
     assert rc == 2 and "env_service.url 'http://127.0.0.1:9' is not reachable" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("seal.apatch.apply_to=bogus", "apatch.apply_to must be one of ['all', 'positive_advantage'"),
+        ("seal.apatch.dynamic.ema_beta=2", "apatch.dynamic.ema_beta must be <= 1.0"),
+        ("seal.reward.mode=bogus", "seal.reward.mode': expected one of binary, capped, t3rl"),
+        ("seal.checkpoint.best_mode=up", "seal.checkpoint.best_mode must be max or min, got 'up'"),
+        ("seal.validation.max_env_failure_share=2", "seal.validation.max_env_failure_share must be a share"),
+        ("seal.rollout.max_model_calls=2.5", "seal.rollout.max_model_calls must be an integer"),
+        ("data.max_prompt_length=abc", "data.max_prompt_length must be a number (like its default 512), got 'abc'"),
+        ("trainer.val_before_train=1", "trainer.val_before_train must be true or false"),
+        ("actor_rollout_ref.actor.optim.lr=fast", "actor_rollout_ref.actor.optim.lr must be a number"),
+    ],
+)
+def test_dry_run_refuses_a_bad_value_in_one_line(capsys, override, says):
+    assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "--dry-run", override]) == 2
+    out, err = capsys.readouterr()
+    assert says in err and "Traceback" not in err
+    assert err.count("\n  - ") == 1  # one problem, one line
+    assert not out  # refused before the config is printed (or anything is built)
+
+
+def test_fractional_knobs_verl_writes_with_integer_defaults_pass():
+    cfg = compose_recipe(
+        str(ROOT / "exp" / "SEAL.yaml"),
+        ["actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.actor.entropy_coeff=0.001"],
+    )
+    assert value_problems(cfg) == []

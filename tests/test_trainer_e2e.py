@@ -140,8 +140,18 @@ def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_
     dump = json.loads((d["run"] / "diagnostic_stats" / "epoch_0.json").read_text())
     assert dump["epoch"] == 0 and dump["tags"] and dump["dynamic_tag_weights"]
     assert (d["run"] / "diagnostic_state" / "seal_capability_state.json").exists()
-    for figure in ("apatch_weights.png", "apatch_scales.png", "tag_shares.png", "accuracy_bands.png"):
+    # every figure, after the resume too (label_shares.png from the epoch dump, at the run's last step)
+    for figure in (
+        "apatch_weights.png",
+        "apatch_scales.png",
+        "tag_shares.png",
+        "label_shares.png",
+        "accuracy_bands.png",
+    ):
         assert (d["run"] / figure).stat().st_size > 1000, figure
+    assert dump["global_step"] == 2
+    # the last step's training metrics, written before its validation
+    assert "actor/pg_loss" in json.loads((d["run"] / "metrics_steps.jsonl").read_text().splitlines()[-1])["data"]
     # best checkpoint recorded and exported to Hugging Face format
     best = json.loads((d["ckpt"] / "best_checkpoint.json").read_text())
     assert best["metric_name"] == "val-core/average/reward/mean@1"

@@ -12,9 +12,11 @@ import torch
 from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from seal.agent_loop import env_client
 from seal.apatch import DEFAULT_TAG_WEIGHTS as WEIGHTS
+from seal.eval.runs import read_metrics
 from seal.launch import compose_recipe
 from seal.trainer import SealTrainer, batch_trajectories
 
@@ -196,3 +198,58 @@ def test_advantage_sign_flip_negates_what_the_normal_step_trains_on(tmp_path):
     assert torch.equal(flipped.batch["advantages"], -normal.batch["advantages"])
     with pytest.raises(ValueError, match="advantage_sign must be 1 or -1"):
         make_trainer(tmp_path / "bad", "seal.debug.advantage_sign=0")
+
+
+def fake_update(monkeypatch):
+    """verl's actor update is a call into the Ray workers (not what these tests are about): its metrics only."""
+    monkeypatch.setattr(
+        RayPPOTrainer,
+        "_update_actor",
+        lambda self, batch: DataProto(meta_info={"metrics": {"actor/pg_loss": [0.5, 1.5]}}),
+    )
+
+
+def test_a_steps_training_metrics_are_on_disk_when_its_update_returns(tmp_path, monkeypatch):
+    # verl calls _update_actor before the step's validation and logs the step only after it: a validation that
+    # dies (an out-of-memory at the last step) must not take the step's training metrics along
+    fake_update(monkeypatch)
+    trainer = make_trainer(tmp_path)
+    trainer.global_steps = 2
+    trainer._update_actor(make_batch(ROWS)[0])
+    logged = read_metrics(str(tmp_path))[2]
+    assert logged["actor/pg_loss"] == 1.0  # verl's reduction: the mean over micro-batches
+    assert logged["seal/rollout/failed_episodes"] == 1.0 and "seal/apatch/mean_scale" in logged
+
+
+def test_epoch_dump_is_drawn_at_the_epochs_last_trained_step(tmp_path):
+    trainer = make_trainer(tmp_path, steps_per_epoch=2)
+    for step in (1, 2):
+        trainer.global_steps = step
+        trainer._seal_step(make_batch(ROWS)[0])
+    trainer.global_steps = 3  # where verl's counter stands when fit() returns after step 2
+    trainer._finalize_epoch(0)
+    assert json.loads((tmp_path / "stats" / "epoch_0.json").read_text())["global_step"] == 2
+
+
+def verl_save_marker(trainer):
+    root = Path(trainer.config.trainer.default_local_dir)
+    (root / f"global_step_{trainer.global_steps}").mkdir(parents=True, exist_ok=True)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(trainer.global_steps))
+
+
+def test_a_resumed_run_dumps_the_whole_epoch(tmp_path, monkeypatch):
+    fake_update(monkeypatch)
+    monkeypatch.setattr(RayPPOTrainer, "_save_checkpoint", verl_save_marker)  # the workers' shards: only the marker
+    run_a = make_trainer(tmp_path, steps_per_epoch=2)
+    run_a._seal_step(make_batch(ROWS)[0])
+    run_a._save_checkpoint()  # step 1; the run is killed here
+    run_b = make_trainer(tmp_path, steps_per_epoch=2)
+    monkeypatch.setattr(RayPPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
+    run_b._load_checkpoint()
+    run_b.global_steps = 2
+    run_b._seal_step(make_batch(ROWS)[0])
+    run_b._finalize_epoch(0)
+    dump = json.loads((tmp_path / "stats" / "epoch_0.json").read_text())
+    # the labels (the vocabulary that does not drive A-Patch) of both steps, not only of the step after the resume
+    assert dump["labels"]["state_mismatch"]["count"] == 2 and dump["labels"]["missing_tool_call"]["count"] == 2
+    assert dump["global_step"] == 2

@@ -25,7 +25,7 @@ import sys
 
 from env_service.ood_tasks import OOD_CATEGORIES, is_ood_task
 from seal.eval import report
-from seal.eval.records import finished_tasks, load_records
+from seal.eval.records import describe_failures, finished_tasks, load_records
 from seal.eval.tasks import SELECTIONS, select_tasks
 
 RESULTS_FILE = "results.jsonl"
@@ -120,6 +120,7 @@ def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
 
         scores = score_with_bfcl(load_records(results_path), os.path.join(out_dir, "bfcl"))
         summary["bfcl_eval"] = scores
+        os.makedirs(os.path.join(out_dir, "bfcl"), exist_ok=True)  # no result files when no episode could run
         with open(os.path.join(out_dir, "bfcl", "score.json"), "w") as f:
             json.dump(scores, f, indent=1)
         print(
@@ -137,7 +138,26 @@ def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        return evaluate(build_parser().parse_args(argv))
+    except SelectionError as exc:
+        print(f"[seal.eval] error: {exc}", file=sys.stderr)
+        return 2
+
+
+class SelectionError(ValueError):
+    """Tasks or categories that do not exist."""
+
+
+def _selected(args, results_path: str) -> tuple[list[str], list[str]]:
+    try:
+        return _pending(args, results_path)
+    except ValueError as exc:  # an unknown task id or category: one line, not a traceback
+        raise SelectionError(str(exc)) from None
+
+
+def evaluate(args) -> int:
+    """Run the command; 0 when every selected episode ran, 1 when some could not (their tables are written)."""
     name = _name(args)
     out_dir = args.out or os.path.join("eval_results", name)
     os.makedirs(out_dir, exist_ok=True)
@@ -152,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             max_model_calls=args.max_model_calls or 20,
         )
-        pending, ood_pending = _pending(args, results_path)
+        pending, ood_pending = _selected(args, results_path)
         shared = {
             "env_url": args.env_url,
             "env_secret_file": args.env_secret_file,
@@ -168,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 
-        pending, ood_pending = _pending(args, results_path)
+        pending, ood_pending = _selected(args, results_path)
         if ood_pending:
             print(
                 "[seal.eval] the out-of-distribution categories run through `endpoint` only: serve the checkpoint "
@@ -193,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[seal.eval] no results in {results_path}", file=sys.stderr)
         return 1
     finish(out_dir, name, bfcl=not args.no_bfcl)
+    failures = describe_failures(load_records(results_path))
+    if failures:  # the tables are written, but they do not cover every selected task: say so, and fail
+        print(f"[seal.eval] {failures}; rerun the same command to run them again", file=sys.stderr)
+        return 1
     return 0
 
 

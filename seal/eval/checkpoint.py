@@ -66,6 +66,43 @@ def eval_overrides(
     return overrides
 
 
+#: The keys that hold an episode's first prompt (the rollout's prompt length follows the first).
+PROMPT_KEYS = ("data.max_prompt_length", "actor_rollout_ref.rollout.max_model_len")
+PROMPT_ROUNDING = 256
+
+
+def prompt_fit_overrides(recipe: str, overrides: list[str]) -> list[str]:
+    """Raise the recipe's prompt budget to the longest first prompt of the tasks evaluated, keeping the room it
+    leaves after the prompt (the CPU recipe's 4,096 tokens fit its training tasks, not most held-out prompts).
+    Nothing when they fit, or when the overrides set the budget themselves (then preflight names the keys)."""
+    from omegaconf import OmegaConf
+
+    from seal import launch, prompt_budget
+
+    if any(o.lstrip("+").split("=", 1)[0] in PROMPT_KEYS for o in overrides):
+        return []
+    try:
+        config = launch.compose_recipe(recipe, overrides)
+        budget = int(config.data.max_prompt_length)
+    except Exception:  # noqa: BLE001 - a recipe or override that cannot run: the launcher says why, in one line
+        return []
+    model = config.actor_rollout_ref.model
+    episodes = prompt_budget.run_episodes(launch._as_list(config.data.val_files))
+    bfcl = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+    longest = prompt_budget.longest(str(model.path), bfcl, episodes, model.get("custom_chat_template"))
+    needed = max((p.required for p in longest.values()), default=0)
+    if needed <= budget:
+        return []
+    raised = -(-needed // PROMPT_ROUNDING) * PROMPT_ROUNDING
+    after_prompt = int(config.actor_rollout_ref.rollout.max_model_len) - budget
+    print(
+        f"[seal.eval] the evaluated tasks' first prompts need up to {needed} tokens, more than the recipe's "
+        f"data.max_prompt_length ({budget}): evaluating with data.max_prompt_length={raised} and "
+        f"actor_rollout_ref.rollout.max_model_len={raised + after_prompt}"
+    )
+    return [f"data.max_prompt_length={raised}", f"actor_rollout_ref.rollout.max_model_len={raised + after_prompt}"]
+
+
 def run_checkpoint(
     task_ids: list[str],
     results_path: str,
@@ -83,6 +120,7 @@ def run_checkpoint(
     val_file = write_eval_dataset(task_ids, os.path.join(out_dir, "eval_tasks.parquet"))
     os.makedirs(os.path.join(out_dir, "run"), exist_ok=True)  # verl's file logger does not create its folder
     overrides = eval_overrides(model, val_file, results_path, out_dir, max_model_calls) + list(extra_overrides)
+    overrides += prompt_fit_overrides(recipe or default_recipe(), overrides)
     stop = threading.Event()
     watcher = threading.Thread(target=_progress, args=(results_path, len(task_ids), stop, progress), daemon=True)
     watcher.start()

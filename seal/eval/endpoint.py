@@ -129,6 +129,7 @@ def run_episode(
             messages.append({"role": role, "content": step["message"]["content"]})
         evaluation = env.evaluate(instance_id, reward, True)
     except (EnvServiceError, EndpointError) as exc:
+        failed_by = "model" if isinstance(exc, EndpointError) else "environment"
         try:
             env.release(instance_id)
         except EnvServiceError:
@@ -143,6 +144,7 @@ def run_episode(
             source=source,
             failed=True,
             error=str(exc),
+            failed_by=failed_by,
         )
     return make_record(
         task_id, evaluation, log.as_list(), model_calls=calls, termination=termination, tokens=tokens, source=source

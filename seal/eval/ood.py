@@ -75,6 +75,10 @@ def prereq_file(out_dir: str, category: str, scenario: str) -> str:
 class PrereqFailed(RuntimeError):
     """A prerequisite conversation could not be run: its scenario's questions cannot start."""
 
+    def __init__(self, message: str, failed_by: str = "environment"):
+        super().__init__(message)
+        self.failed_by = failed_by  # the side the prerequisite failed on (``records.FAILED_BY``)
+
 
 def memory_after_prereqs(run: RunEpisode, category: str, scenario: str, out_dir: str) -> dict | None:
     """The memory snapshot after the scenario's prerequisite conversations: from the file a previous run left,
@@ -87,7 +91,10 @@ def memory_after_prereqs(run: RunEpisode, category: str, scenario: str, out_dir:
     for task_id in prereq_chain(category, scenario):
         record = run(task_id, snapshot)
         if record.get("failed") or not isinstance(record.get("memory_snapshot"), dict):
-            raise PrereqFailed(f"{task_id}: {record.get('error') or 'no memory snapshot in its evaluation'}")
+            raise PrereqFailed(
+                f"{task_id}: {record.get('error') or 'no memory snapshot in its evaluation'}",
+                record.get("failed_by") or "environment",
+            )
         snapshot = record.pop("memory_snapshot")
         episodes.append(record)
     atomic_write_json(
@@ -136,7 +143,8 @@ def run_ood(
                     snapshot = chains[key].result()
                 except Exception as error:  # noqa: BLE001 - recorded, and retried by a rerun
                     for task_id in ids:
-                        emit(_failed(task_id, f"prerequisite conversations failed: {error}", source))
+                        side = getattr(error, "failed_by", "environment")
+                        emit(_failed(task_id, f"prerequisite conversations failed: {error}", source, side))
                     continue
             questions += [pool.submit(run, task_id, snapshot) for task_id in ids]
         for future in questions:
@@ -144,7 +152,7 @@ def run_ood(
     return written
 
 
-def _failed(task_id: str, error: str, source: dict | None) -> dict:
+def _failed(task_id: str, error: str, source: dict | None, failed_by: str = "environment") -> dict:
     return make_record(
         task_id,
         None,
@@ -155,6 +163,7 @@ def _failed(task_id: str, error: str, source: dict | None) -> dict:
         source=source or {},
         failed=True,
         error=error,
+        failed_by=failed_by,
     )
 
 

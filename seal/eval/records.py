@@ -116,6 +116,7 @@ def make_record(
     source: dict[str, Any],
     failed: bool = False,
     error: str = "",
+    failed_by: str = "environment",
 ) -> dict:
     evaluation = evaluation or {}
     record = {
@@ -130,6 +131,7 @@ def make_record(
         "termination": termination,
         "model_calls": int(model_calls),
         "failed": bool(failed),
+        "failed_by": failed_by if failed else None,  # which side could not run it: FAILED_BY
         "error": error[:500],
         "turns": turns,
         "tokens": {k: int(v) for k, v in tokens.items()},
@@ -139,6 +141,34 @@ def make_record(
         if key in evaluation:
             record[key] = evaluation[key]
     return record
+
+
+#: Who an episode that could not run failed on: the model (its endpoint kept failing) or the environment service.
+FAILED_BY = {"model": "the model endpoint", "environment": "the environment service"}
+
+
+def failures_by_side(records: Iterable[dict]) -> dict[str, list[str]]:
+    """{side: task ids} of the episodes that could not run (records written before sides were recorded: the
+    environment's, as they were reported then)."""
+    sides: dict[str, list[str]] = {}
+    for r in records:
+        if r.get("failed"):
+            sides.setdefault(r.get("failed_by") or "environment", []).append(r["task_id"])
+    return sides
+
+
+def describe_failures(records: Iterable[dict]) -> str:
+    """One line: how many episodes could not run, per side (empty when none)."""
+    sides = failures_by_side(records)
+    if not sides:
+        return ""
+    total = sum(len(ids) for ids in sides.values())
+    parts = "; ".join(f"{len(ids)} on {FAILED_BY.get(side, side)} ({_some(ids)})" for side, ids in sides.items())
+    return f"{total} episode(s) could not run and are left out of the accuracy: {parts}"
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    return ", ".join(ids[:shown]) + (f", ... ({len(ids) - shown} more)" if len(ids) > shown else "")
 
 
 def scored(records: Iterable[dict]) -> list[dict]:

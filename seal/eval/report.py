@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from env_service.ood_tasks import OOD_CATEGORIES
 from env_service.vocabulary import CATEGORIES
-from seal.eval.records import load_records, scored
+from seal.eval.records import describe_failures, load_records, scored
 
 #: Column titles of the paper's Table 1, in its order.
 TABLE_COLUMNS = {
@@ -174,7 +174,7 @@ def write_report(results_path: str, out_dir: str, name: str) -> dict:
         "ood_table": {k: asdict(v) for k, v in ood.items()},
         "failure_profile": profile,
     }
-    note = f"\n{len(failed)} episode(s) the environment could not run are left out: {failed}\n" if failed else ""
+    note = f"\n{describe_failures(records)}\n" if failed else ""
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(markdown_table({name: table}) + ood_markdown(ood) + note)
     with open(os.path.join(out_dir, "table.csv"), "w") as f:

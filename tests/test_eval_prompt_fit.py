@@ -1,0 +1,41 @@
+"""``seal.eval checkpoint`` with the CPU recipe: the held-out prompts (about 6k tokens) do not fit the 4,096 tokens
+that recipe trains with, so the evaluation raises the budget to what the tasks need; a budget the user sets
+stays theirs, and preflight says which keys to raise."""
+
+from __future__ import annotations
+
+import pytest
+
+from seal.eval.checkpoint import CPU_RECIPE, eval_overrides, prompt_fit_overrides
+from seal.eval.tasks import select_tasks, write_eval_dataset
+from seal.launch import _check_prompt_budget, compose_recipe
+
+
+@pytest.fixture(scope="module")
+def heldout_eval(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval")
+    val_file = write_eval_dataset(select_tasks("heldout", limit=1), str(out / "eval_tasks.parquet"))
+    return eval_overrides(None, val_file, str(out / "results.jsonl"), str(out))
+
+
+def prompt_problems(overrides) -> list[str]:
+    problems = []
+    _check_prompt_budget(compose_recipe(CPU_RECIPE, overrides), problems)
+    return problems
+
+
+def test_the_cpu_checkpoint_eval_fits_the_heldout_prompts(heldout_eval, capsys):
+    assert prompt_problems(heldout_eval)  # the recipe's own budget refuses them
+    raised = prompt_fit_overrides(CPU_RECIPE, heldout_eval)
+    assert [o.split("=")[0] for o in raised] == ["data.max_prompt_length", "actor_rollout_ref.rollout.max_model_len"]
+    assert prompt_problems(heldout_eval + raised) == []
+    prompt, model_len = (int(o.split("=")[1]) for o in raised)
+    assert model_len - prompt == 4608 - 4096  # the room after the prompt (response, environment messages) is kept
+    assert "data.max_prompt_length=" in capsys.readouterr().out  # said, not silent
+
+
+def test_a_budget_the_user_sets_is_kept_and_preflight_names_the_keys(heldout_eval):
+    mine = [*heldout_eval, "data.max_prompt_length=4096"]
+    assert prompt_fit_overrides(CPU_RECIPE, mine) == []
+    (problem,) = prompt_problems(mine)
+    assert "raise data.max_prompt_length" in problem and "actor_rollout_ref.rollout.max_model_len" in problem
