@@ -156,7 +156,9 @@ def markdown_table(rows: dict[str, dict[str, Cell]]) -> str:
     """One row per model/run: ``rows[name][column]`` (percent ± standard error)."""
     lines = ["| model | " + " | ".join(TABLE_COLUMNS.values()) + " |", "| --- |" + " ---: |" * len(TABLE_COLUMNS)]
     for name, cells in rows.items():
-        average = pct(cells.get("average")) + partial_note(cells, CATEGORIES) if cells.get("average") else ""
+        average = (
+            pct(cells.get("average")) + partial_note(cells, CATEGORIES) if cells.get("average", Cell(0, 0, 0)).n else ""
+        )
         lines.append(f"| {name} | {average} | " + " | ".join(pct(cells.get(c)) for c in CATEGORIES) + " |")
     return "\n".join(lines) + "\n"
 
