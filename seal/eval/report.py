@@ -217,7 +217,8 @@ def write_report(results_path: str, out_dir: str, name: str) -> dict:
     }
     note = f"\n{len(failed)} episode(s) the environment could not run are left out: {failed}\n" if failed else ""
     with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(markdown_table({name: table}) + ood_markdown(ood) + note)
+        paper_table = markdown_table({name: table}) if table["average"].n else ""  # an evaluate-only run: no row
+        f.write(paper_table + ood_markdown(ood) + note)
     with open(os.path.join(out_dir, "table.csv"), "w") as f:
         f.write(csv_table({name: table}))
     with open(os.path.join(out_dir, "table.json"), "w") as f:

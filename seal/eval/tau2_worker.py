@@ -149,4 +149,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every simulation file is closed and every line flushed; the interpreter's teardown of litellm's thousands of
+    # modules would add seconds per run.
+    os._exit(status)
