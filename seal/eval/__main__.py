@@ -101,7 +101,6 @@ def _split_tau2(args) -> tuple[list[str], list[str]]:
     tau2_categories = [c for c in categories if c in TAU2_CATEGORIES]
     args.ids = ",".join(t for t in ids if t not in tau2_ids) or None
     args.category = ",".join(c for c in categories if c not in tau2_categories) or None
-    args.tau2_only = bool(tau2_ids or tau2_categories) and not (args.ids or args.category)
     return tau2_categories, tau2_ids
 
 
@@ -111,8 +110,6 @@ def _pending(args, results_path: str) -> tuple[list[str], list[str]]:
 
     ids = [t.strip() for t in args.ids.split(",") if t.strip()] if args.ids else []
     categories = [c.strip() for c in (args.category or "").split(",") if c.strip()]
-    if getattr(args, "tau2_only", False):
-        return [], []
     ood_categories = [c for c in categories if c in OOD_CATEGORIES]
     ood_ids = [t for t in ids if is_ood_task(t)]
     categories = [c for c in categories if c not in OOD_CATEGORIES]
@@ -136,7 +133,8 @@ def _pending(args, results_path: str) -> tuple[list[str], list[str]]:
 
 
 def _run_tau2(args, categories: list[str], ids: list[str], results_path: str, out_dir: str) -> None:
-    """tau2-bench's selected domains (``seal/eval/tau2.py``); an unavailable one is skipped with its reason."""
+    """tau2-bench's selected domains (``seal/eval/tau2.py``); an unavailable one is skipped with its reason.
+    Raises ``Tau2Failed`` when the tau2 worker stops (the records it wrote are kept)."""
     from tqdm import tqdm
 
     from seal.eval.tau2 import Tau2Endpoints, run_tau2, select_tau2, unavailable_reason
@@ -218,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             "progress": not args.no_progress,
         }
         tau2_categories, tau2_ids = _split_tau2(args)
-        pending, ood_pending = _pending(args, results_path)
+        # only tau2 asked for: nothing else (an empty selection would mean the default held-out tasks)
+        only_tau2 = bool(tau2_categories or tau2_ids) and not (args.ids or args.category)
+        pending, ood_pending = ([], []) if only_tau2 else _pending(args, results_path)
         if pending:
             run_endpoint(pending, settings, results_path, **shared)
         if ood_pending:
@@ -226,12 +226,18 @@ def main(argv: list[str] | None = None) -> int:
 
             run_endpoint_ood(ood_pending, settings, results_path, out_dir, **shared)
         if tau2_categories or tau2_ids:
-            _run_tau2(args, tau2_categories, tau2_ids, results_path, out_dir)
+            from seal.eval.tau2 import Tau2Failed
+
+            try:
+                _run_tau2(args, tau2_categories, tau2_ids, results_path, out_dir)
+            except Tau2Failed as error:
+                print(f"[seal.eval] tau2: {error}", file=sys.stderr)
+                return 1
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 
         tau2_selected = any(_split_tau2(args))
-        pending, ood_pending = _pending(args, results_path)
+        pending, ood_pending = ([], []) if tau2_selected else _pending(args, results_path)
         if ood_pending or tau2_selected:
             print(
                 "[seal.eval] the out-of-distribution categories run through `endpoint` only: serve the checkpoint "

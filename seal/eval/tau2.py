@@ -32,6 +32,10 @@ DEFAULT_VENV = ".venv-tau2"
 SIMULATIONS_DIR = "tau2"
 
 
+class Tau2Failed(RuntimeError):
+    """The tau2 worker stopped (bad task ids, a broken tau2 environment); its own message went to stderr."""
+
+
 @dataclass
 class Tau2Endpoints:
     """The three OpenAI-compatible servers a tau2 simulation talks to (model names as the servers know them)."""
@@ -182,5 +186,5 @@ def run_tau2(
             if on_record:
                 on_record(line)
     if worker.returncode:
-        raise RuntimeError(f"the tau2 worker exited with {worker.returncode} (see its messages above)")
+        raise Tau2Failed(f"the tau2 worker exited with {worker.returncode} (its messages are above)")
     return written
