@@ -10,10 +10,11 @@ from the conversation the request carries, so a retry or a second run gets the s
 * ``stub-agent`` (tau2's ``llm_agent`` calls it, with tools): for a task scripted to ``pass``, walks the task's
   ground-truth actions in order -- its own as tool calls, the user's as ``PLEASE STEP <i>`` -- then says
   ``ALL DONE`` with the information the task wants communicated; for a task scripted to ``fail`` it does the
-  first ``fail_after`` actions only.
+  first ``fail_after`` actions only; for ``silent`` it does every action but never says what it should have
+  communicated.
 
 ``script``: {key: {"marker": scenario text, "mode": "pass"|"fail", "fail_after": int, "actions": [{"requestor",
-"name", "arguments"}], "communicate": [str]}}.
+"name", "arguments"}], "communicate": [str]}}; mode ``pass``, ``fail`` or ``silent``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def agent_reply(script: dict, messages: list[dict]) -> dict:
     own_calls = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
     user_steps = sum(1 for m in messages if m.get("role") == "user" and _text(m).startswith("DONE "))
     step = own_calls + user_steps
-    planned = task["actions"] if task["mode"] == "pass" else task["actions"][: task.get("fail_after", 0)]
+    planned = task["actions"] if task["mode"] != "fail" else task["actions"][: task.get("fail_after", 0)]
     if step < len(planned):
         action = planned[step]
         if action["requestor"] == "assistant":

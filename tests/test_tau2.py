@@ -1,7 +1,8 @@
 """tau2-bench through ``python -m seal.eval endpoint --categories tau2_*``, against scripted loopback stubs.
 
 The stubs (``tests/tau2_stubs.py``) play tau2's agent and user: per domain two tasks walk the task's ground-truth
-actions (telecom's user-side steps done by the user stub on its device) and one stops short of them. Checked:
+actions (telecom's user-side steps done by the user stub on its device) and one stops short of them; one retail
+task does every action but leaves out what it should have told the user. Checked:
 
 * the rewards are tau2's own: ``tau2.evaluator.evaluate_simulation`` on the simulations our run saved gives
   each record's reward, and the pattern is pass, pass, fail in every domain (so both outcomes are exercised);
@@ -34,9 +35,11 @@ VENV = Path(os.environ.get("SEAL_TAU2_VENV", REPO / ".venv-tau2"))
 VENV_PYTHON = VENV / "bin" / "python"
 TAU2_ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "stub"}
 
-#: (tau2 task id, "pass" | "fail", actions a failing agent still does): a failing one stops before a write.
+#: (tau2 task id, "pass" | "fail" | "silent", actions a failing agent still does): a failing one stops before a
+#: write; a silent one does every action but never tells the user what the task wants communicated (tau2's reward
+#: multiplies the database check by the communication check: 0, though the database matches).
 TASKS = {
-    "retail": [("2", "pass", 0), ("4", "pass", 0), ("5", "fail", 4)],
+    "retail": [("2", "pass", 0), ("4", "pass", 0), ("5", "fail", 4), ("3", "silent", 0)],
     "airline": [("7", "pass", 0), ("8", "pass", 0), ("2", "fail", 3)],
     "telecom": [
         ("[mobile_data_issue]airplane_mode_on|data_mode_off[PERSONA:None]", "pass", 0),
@@ -152,7 +155,7 @@ def test_rewards_are_tau2s_own_evaluation_of_the_saved_simulations(ours, theirs)
     assert all(r["valid"] == (r["reward"] == 1.0) and not r["failed"] for r in records.values())
     table = json.loads((out / "table.json").read_text())["ood_table"]
     assert {c: (table[c]["passed"], table[c]["n"]) for c in table} == {
-        "tau2_retail": (2, 3),
+        "tau2_retail": (2, 4),
         "tau2_airline": (2, 3),
         "tau2_telecom": (2, 3),
     }
