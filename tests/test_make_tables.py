@@ -209,13 +209,13 @@ def test_ood_table_beside_the_papers_with_partial_averages_and_small_samples(tmp
     assert cells["tau2_average"].split(" / ")[1:] != ["20.79", "–"]
 
 
-def write_factorial_run(folder: Path, passing: int, extra: range = range(0)) -> None:
-    """Per category of the held-out set: the first ``passing`` tasks (and those in ``extra``) pass."""
+def write_factorial_run(folder: Path, passing: int, tasks: int = 100) -> None:
+    """Per category of the held-out set, its first ``tasks`` evaluated: the first ``passing`` of them pass."""
     ids = [t for t, _ in heldout_rows()]
     verdicts = {}
     for c in paper_numbers.COLUMNS[1:]:
-        in_category = [t for t in ids if f"multi_turn_{c}_" in t]
-        verdicts.update({t: i < passing or i in extra for i, t in enumerate(in_category)})
+        in_category = [t for t in ids if f"multi_turn_{c}_" in t][:tasks]
+        verdicts.update({t: i < passing for i, t in enumerate(in_category)})
     eval_records(folder, verdicts)
 
 
@@ -241,6 +241,20 @@ def test_factorial_interaction_paired_beside_the_papers_stated_and_implied(tmp_p
     summary = json.loads((tmp_path / "out" / "tables.json").read_text())["interaction"]
     assert summary["stated_by_paper"] == 5.0 and summary["implied_by_paper_table"]["average"] == pytest.approx(2.5)
     assert summary["ours"]["average"]["paired"] and summary["ours"]["average"]["tasks"] == 400
+
+
+def test_factorial_interaction_unpaired_when_the_runs_scored_different_tasks(tmp_path):
+    runs = tmp_path / "runs"
+    write_factorial_run(runs / "SEAL", 45)
+    write_factorial_run(runs / "wo_reweighting", 30)
+    write_factorial_run(runs / "wo_env_adaptation", 35)
+    write_factorial_run(runs / "vanilla_rl", 25, tasks=50)  # half the tasks: no per-task pairing
+    script = load_script()
+    assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    # by hand: 0.45 − 0.30 − 0.35 + 0.50 per category, SE from four independent binomial cells
+    se = math.sqrt(0.45 * 0.55 / 100 + 0.30 * 0.70 / 100 + 0.35 * 0.65 / 100 + 0.5 * 0.5 / 50)
+    ours = row_of((tmp_path / "out" / "interaction.md").read_text(), "ours (unpaired)").split(" | ")[1:]
+    assert ours[0] == f"+30.00 ± {100 * se / 2:.2f}" and ours[1] == f"+30.00 ± {100 * se:.2f}"
 
 
 def test_partial_average_is_not_compared_and_unreadable_runs_are_named(runs, tmp_path):
