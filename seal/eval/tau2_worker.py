@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for the simulations (<out>/<domain>/*.json)")
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args(argv)
-    from loguru import logger
+    from tau2.run import logger  # tau2's (loguru's) logger, the one its runner configures
 
-    logger.remove()  # tau2 logs every step at INFO; its CLI default is ERROR
+    logger.remove()  # tau2 logs every step at DEBUG/INFO; its CLI default is ERROR
     logger.add(sys.stderr, level="ERROR")
 
     with open(args.plan, encoding="utf-8") as f:
