@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from seal import paper_numbers as paper  # noqa: E402
-from seal.eval.report import EVAL_OOD_CATEGORIES, TABLE_COLUMNS, Cell, pct  # noqa: E402
+from seal.eval.report import EVAL_OOD_CATEGORIES, TABLE_COLUMNS, Cell, honest_stderr, pct  # noqa: E402
 from seal.eval.runs import DEFAULT_VAL_FILE, RunResult, load_run  # noqa: E402
 
 BACKBONE_KEYS = {
@@ -97,7 +97,7 @@ def combine(cells: dict[str, Cell], weights: dict[str, float]) -> tuple[Cell | N
         return None, missing
     total = sum(present.values())
     accuracy = sum(w * cells[c].accuracy for c, w in present.items()) / total
-    se = math.sqrt(sum((w / total) ** 2 * cells[c].stderr ** 2 for c, w in present.items()))
+    se = math.sqrt(sum((w / total) ** 2 * honest_stderr(cells[c]) ** 2 for c, w in present.items()))
     n = sum(cells[c].n for c in present)
     return Cell(accuracy, se, n, sum(cells[c].passed or 0 for c in present)), missing
 
@@ -114,7 +114,7 @@ def paper_cell(value: float | None, weights: dict[str, float], sizes: dict[str, 
 def difference(ours: Cell | None, theirs: Cell | None) -> str:
     if ours is None or theirs is None or not ours.n or math.isnan(ours.accuracy):
         return ""
-    se = math.sqrt((0 if math.isnan(ours.stderr) else ours.stderr) ** 2 + theirs.stderr**2)
+    se = math.sqrt((0 if math.isnan(ours.stderr) else honest_stderr(ours)) ** 2 + theirs.stderr**2)
     return f"{100 * (ours.accuracy - theirs.accuracy):+.2f} ± {100 * se:.2f}"
 
 
@@ -180,7 +180,7 @@ def category_interaction(runs: dict[str, RunResult], category: str) -> Effect | 
         variance = sum((d - mean) ** 2 for d in contrasts) / len(shared)
         return Effect(mean, math.sqrt(variance / len(shared)), True, len(shared))
     value = sum(s * runs[role].cells[category].accuracy for role, s in INTERACTION_SIGNS.items())
-    se = math.sqrt(sum(runs[role].cells[category].stderr ** 2 for role in INTERACTION_SIGNS))
+    se = math.sqrt(sum(honest_stderr(runs[role].cells[category]) ** 2 for role in INTERACTION_SIGNS))
     return Effect(value, se, False, 0)
 
 

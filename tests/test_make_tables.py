@@ -200,13 +200,20 @@ def test_ood_table_beside_the_papers_with_partial_averages_and_small_samples(tmp
     )
     assert cells["v4_average"].endswith("(partial: 2 of 5) / 12.71 / –")
     assert cells["web_search"] == "– / 9.50 / –"
-    # 0 of 2 airline tasks: the Wilson interval (upper bound by hand, z = 1.96: 2·0.9604/2.9207), not "± 0.00"
-    assert cells["tau2_airline"] == "0.00 [0.00, 65.76] / 22.00 / -22.00 ± 5.86"
+    # 0 of 2 airline tasks: the Wilson interval (upper bound by hand, z = 1.96: 2·0.9604/2.9207), not "± 0.00";
+    # in the difference (and the average) its half-width / z stands in for the zero binomial SE
+    airline_se = 0.6576 / 2 / 1.96
+    paper_airline_se = math.sqrt(0.22 * 0.78 / 50)
+    assert (
+        cells["tau2_airline"]
+        == f"0.00 [0.00, 65.76] / 22.00 / -22.00 ± {100 * math.hypot(airline_se, paper_airline_se):.2f}"
+    )
     retail_se = math.sqrt(30 / 114 * 84 / 114 / 114)
     assert cells["tau2_retail"].startswith(f"26.32 ± {100 * retail_se:.2f} / 26.32 / -0.00 ± ")  # 30/114 = 26.316
     tau2 = (30 / 114 + 0 + 16 / 114) / 3
-    assert cells["tau2_average"].startswith(f"{100 * tau2:.2f} ")  # all three domains: compared
-    assert cells["tau2_average"].split(" / ")[1:] != ["20.79", "–"]
+    tau2_se = math.sqrt(retail_se**2 + airline_se**2 + 16 / 114 * 98 / 114 / 114) / 3
+    assert cells["tau2_average"].startswith(f"{100 * tau2:.2f} ± {100 * tau2_se:.2f} / 20.79 / ")  # compared
+    assert cells["tau2_average"].split(" / ")[2].startswith(f"{100 * (tau2 - 0.2079):+.2f} ± ")
 
 
 def write_factorial_run(folder: Path, passing: int, tasks: int = 100) -> None:

@@ -5,7 +5,8 @@ Average is the mean of the four category accuracies (= passes / 400 on the balan
 error is sqrt(sum of the categories' squared errors) / number of categories (categories are independent samples).
 Where fewer than 5 episodes passed or fewer than 5 failed, the normal approximation behind ``± se`` fails (0/2
 would read ``0.00 ± 0.00``): such a cell shows its 95 % Wilson score interval instead (of the pooled count, for an
-Average). An Average over fewer categories than the table's is marked with how many it covers.
+Average), and where it is combined (an average, a difference) its Wilson half-width / z stands in for its SE. An
+Average over fewer categories than the table's is marked with how many it covers.
 Episodes the environment could not run are counted apart and left out, as in training validation.
 """
 
@@ -64,6 +65,15 @@ def wilson_interval(passed: int, n: int, z: float = Z95) -> tuple[float, float]:
 def is_small(cell: Cell) -> bool:
     """Too few passes or failures for the normal approximation (``± se``) to mean anything."""
     return cell.passed is not None and min(cell.passed, cell.n - cell.passed) < SMALL_COUNT
+
+
+def honest_stderr(cell: Cell) -> float:
+    """The cell's SE for combining it (averages, differences): on a small sample, where sqrt(p(1-p)/n) can be 0
+    (0/2), the Wilson interval's half-width / z instead."""
+    if not is_small(cell):
+        return cell.stderr
+    low, high = wilson_interval(cell.passed, cell.n)
+    return (high - low) / (2 * Z95)
 
 
 def binomial_cell(passed: int, n: int) -> Cell:
