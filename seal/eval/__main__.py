@@ -12,7 +12,10 @@ and its own scores, ``bfcl/score.json``; ``--no-bfcl`` skips it).
 
 Out-of-distribution (evaluate-only, ``endpoint`` only): ``--category memory_kv,memory_rec_sum`` (also
 ``memory_vector``, ``web_search_base``, ``web_search_no_snippet``) runs bfcl's memory / web-search questions;
-a category that cannot run here is skipped with its reason (``seal/eval/ood.py``).
+a category that cannot run here is skipped with its reason (``seal/eval/ood.py``). ``--categories
+tau2_retail,tau2_airline,tau2_telecom`` (or ``--ids tau2_retail_5,...``) runs tau2-bench with tau2's own
+environments, user simulator and evaluator, the user played by ``--user-endpoint``/``--user-model``
+(``seal/eval/tau2.py``; needs ``bash scripts/install.sh tau2``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from env_service.ood_tasks import OOD_CATEGORIES, is_ood_task
 from seal.eval import report
 from seal.eval.records import describe_failures, finished_tasks, load_records
 from seal.eval.tasks import SELECTIONS, select_tasks
+from seal.eval.tau2_tasks import TAU2_CATEGORIES, split_tau2_task_id
 
 RESULTS_FILE = "results.jsonl"
 
@@ -38,7 +42,7 @@ def _task_args(parser: argparse.ArgumentParser) -> None:
         "--categories",
         dest="category",
         help="comma-separated categories: base, miss_func, miss_param, long_context, or the out-of-distribution "
-        f"{', '.join(OOD_CATEGORIES)} (endpoint only)",
+        f"{', '.join(OOD_CATEGORIES + TAU2_CATEGORIES)} (endpoint only)",
     )
     parser.add_argument("--ids", help="comma-separated task ids (overrides --tasks)")
     parser.add_argument("--limit", type=int, help="the first N tasks of each category")
@@ -68,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--env-url", help="a running environment service (default: one in this process)")
     api.add_argument("--env-secret-file", help="that service's shared secret (default: $SEAL_ENV_SECRET)")
     api.add_argument("--tool-prompt-mode", default="bfcl_qwen_fc", help="bfcl_qwen_fc or toolace_llama")
+    api.add_argument("--user-endpoint", help="tau2: the OpenAI-compatible server that plays the user")
+    api.add_argument("--user-model", help="tau2: the user simulator's model name on that server")
+    api.add_argument("--user-api-key", default=os.environ.get("SEAL_TAU2_USER_API_KEY"))
+    api.add_argument("--judge-endpoint", help="tau2: a server for its optional repetition judge")
+    api.add_argument("--judge-model", help="tau2: the judge's model name (default: no judge)")
+    api.add_argument("--judge-api-key", default=os.environ.get("SEAL_TAU2_JUDGE_API_KEY"))
     _task_args(api)
     rep = sub.add_parser("report", help="table, failure profile and bfcl score of an existing results file")
     rep.add_argument("--out", required=True)
@@ -81,6 +91,17 @@ def _name(args) -> str:
         return args.name
     model = getattr(args, "model", None) or "model"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rstrip("/").split("/")[-1] if os.path.isdir(model) else model)
+
+
+def _split_tau2(args) -> tuple[list[str], list[str]]:
+    """(tau2 categories, tau2 task ids) of ``--categories``/``--ids``; they are removed from ``args``."""
+    ids = [t.strip() for t in args.ids.split(",") if t.strip()] if args.ids else []
+    categories = [c.strip() for c in (args.category or "").split(",") if c.strip()]
+    tau2_ids = [t for t in ids if split_tau2_task_id(t)]
+    tau2_categories = [c for c in categories if c in TAU2_CATEGORIES]
+    args.ids = ",".join(t for t in ids if t not in tau2_ids) or None
+    args.category = ",".join(c for c in categories if c not in tau2_categories) or None
+    return tau2_categories, tau2_ids
 
 
 def _pending(args, results_path: str) -> tuple[list[str], list[str]]:
@@ -111,14 +132,48 @@ def _pending(args, results_path: str) -> tuple[list[str], list[str]]:
     return pending, ood_pending
 
 
+def _run_tau2(args, categories: list[str], ids: list[str], results_path: str, out_dir: str) -> None:
+    """tau2-bench's selected domains (``seal/eval/tau2.py``); an unavailable one is skipped with its reason.
+    Raises ``Tau2Failed`` when the tau2 worker stops (the records it wrote are kept)."""
+    from tqdm import tqdm
+
+    from seal.eval.tau2 import Tau2Endpoints, run_tau2, select_tau2, unavailable_reason
+
+    endpoints = Tau2Endpoints(
+        agent_url=args.endpoint,
+        agent_model=args.model,
+        user_url=args.user_endpoint,
+        user_model=args.user_model,
+        judge_url=args.judge_endpoint or args.user_endpoint,
+        judge_model=args.judge_model,
+        agent_api_key=args.api_key,
+        user_api_key=args.user_api_key,
+        judge_api_key=args.judge_api_key,
+    )
+    selection = {}
+    for domain, tau2_ids in select_tau2(categories, ids).items():
+        reason = unavailable_reason(f"tau2_{domain}", endpoints)
+        if reason:
+            print(f"[seal.eval] {reason}")
+        else:
+            selection[domain] = tau2_ids
+    if selection:
+        with tqdm(desc=f"tau2 {args.model}", disable=args.no_progress, unit="task") as bar:
+            done = finished_tasks(results_path)
+            run_tau2(
+                selection, args.limit, endpoints, results_path, out_dir, done, args.concurrency, lambda _: bar.update()
+            )
+
+
 def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
     """Write the table and the failure profile; score the same results with bfcl-eval; print the table."""
     results_path = os.path.join(out_dir, RESULTS_FILE)
     summary = report.write_report(results_path, out_dir, name)
-    if bfcl:
+    bfcl_records = [r for r in load_records(results_path) if r["category"] not in TAU2_CATEGORIES]
+    if bfcl and bfcl_records:  # tau2's results are scored by tau2 (``seal/eval/tau2.py``), not bfcl
         from seal.eval.bfcl_files import score_with_bfcl
 
-        scores = score_with_bfcl(load_records(results_path), os.path.join(out_dir, "bfcl"))
+        scores = score_with_bfcl(bfcl_records, os.path.join(out_dir, "bfcl"))
         summary["bfcl_eval"] = scores
         os.makedirs(os.path.join(out_dir, "bfcl"), exist_ok=True)  # no result files when no episode could run
         with open(os.path.join(out_dir, "bfcl", "score.json"), "w") as f:
@@ -132,7 +187,8 @@ def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
     with open(os.path.join(out_dir, "table.md")) as f:
         print(f.read())
     print(
-        f"[seal.eval] wrote {out_dir}/table.md, table.csv, table.json, failure_profile.md" + (", bfcl/" if bfcl else "")
+        f"[seal.eval] wrote {out_dir}/table.md, table.csv, table.json, failure_profile.md"
+        + (", bfcl/" if bfcl and bfcl_records else "")
     )
     return summary
 
@@ -172,7 +228,6 @@ def evaluate(args) -> int:
             max_tokens=args.max_tokens,
             max_model_calls=args.max_model_calls or 20,
         )
-        pending, ood_pending = _selected(args, results_path)
         shared = {
             "env_url": args.env_url,
             "env_secret_file": args.env_secret_file,
@@ -180,16 +235,30 @@ def evaluate(args) -> int:
             "concurrency": args.concurrency,
             "progress": not args.no_progress,
         }
-        run_endpoint(pending, settings, results_path, **shared)
+        tau2_categories, tau2_ids = _split_tau2(args)
+        # only tau2 asked for: nothing else (an empty selection would mean the default held-out tasks)
+        only_tau2 = bool(tau2_categories or tau2_ids) and not (args.ids or args.category)
+        pending, ood_pending = ([], []) if only_tau2 else _selected(args, results_path)
+        if pending:
+            run_endpoint(pending, settings, results_path, **shared)
         if ood_pending:
             from seal.eval.endpoint import run_endpoint_ood
 
             run_endpoint_ood(ood_pending, settings, results_path, out_dir, **shared)
+        if tau2_categories or tau2_ids:
+            from seal.eval.tau2 import Tau2Failed
+
+            try:
+                _run_tau2(args, tau2_categories, tau2_ids, results_path, out_dir)
+            except Tau2Failed as error:
+                print(f"[seal.eval] tau2: {error}", file=sys.stderr)
+                return 1
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 
-        pending, ood_pending = _selected(args, results_path)
-        if ood_pending:
+        tau2_selected = any(_split_tau2(args))
+        pending, ood_pending = ([], []) if tau2_selected else _selected(args, results_path)
+        if ood_pending or tau2_selected:
             print(
                 "[seal.eval] the out-of-distribution categories run through `endpoint` only: serve the checkpoint "
                 "with an OpenAI-compatible server (e.g. `vllm serve PATH`) and run `python -m seal.eval endpoint`",

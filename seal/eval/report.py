@@ -3,6 +3,10 @@
 Accuracy per category is passes / episodes with the binomial standard error sqrt(p(1-p)/n); the paper's
 Average is the mean of the four category accuracies (= passes / 400 on the balanced held-out set), whose standard
 error is sqrt(sum of the categories' squared errors) / number of categories (categories are independent samples).
+Where fewer than 5 episodes passed or fewer than 5 failed, the normal approximation behind ``± se`` fails (0/2
+would read ``0.00 ± 0.00``): such a cell shows its 95 % Wilson score interval instead (of the pooled count, for an
+Average), and where it is combined (an average, a difference) its Wilson half-width / z stands in for its SE. An
+Average over fewer categories than the table's is marked with how many it covers.
 Episodes the environment could not run are counted apart and left out, as in training validation.
 """
 
@@ -19,6 +23,14 @@ from dataclasses import asdict, dataclass
 from env_service.ood_tasks import OOD_CATEGORIES
 from env_service.vocabulary import CATEGORIES
 from seal.eval.records import describe_failures, load_records, scored
+from seal.eval.tau2_tasks import TAU2_CATEGORIES
+
+#: Every evaluate-only category: bfcl V4's memory and web search, tau2-bench's domains.
+EVAL_OOD_CATEGORIES: tuple[str, ...] = OOD_CATEGORIES + TAU2_CATEGORIES
+#: Below this many passes (or failures) a cell shows its Wilson interval instead of ± se.
+SMALL_COUNT = 5
+#: Two-sided 95 % normal quantile.
+Z95 = 1.959964
 
 #: Column titles of the paper's Table 1, in its order.
 TABLE_COLUMNS = {
@@ -38,6 +50,30 @@ class Cell:
     stderr: float
     n: int
     passed: int | None = None
+
+
+def wilson_interval(passed: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of ``passed`` / ``n`` (0..1): honest at 0/n and n/n, unlike p ± z·se."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = passed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def is_small(cell: Cell) -> bool:
+    """Too few passes or failures for the normal approximation (``± se``) to mean anything."""
+    return cell.passed is not None and min(cell.passed, cell.n - cell.passed) < SMALL_COUNT
+
+
+def honest_stderr(cell: Cell) -> float:
+    """The cell's SE for combining it (averages, differences): on a small sample, where sqrt(p(1-p)/n) can be 0
+    (0/2), the Wilson interval's half-width / z instead."""
+    if not is_small(cell):
+        return cell.stderr
+    low, high = wilson_interval(cell.passed, cell.n)
+    return (high - low) / (2 * Z95)
 
 
 def binomial_cell(passed: int, n: int) -> Cell:
@@ -79,7 +115,7 @@ def accuracy_table(records: list[dict]) -> dict[str, Cell]:
 
 def ood_table(records: list[dict]) -> dict[str, Cell]:
     """{category: Cell} for the out-of-distribution categories present (never part of the Average)."""
-    return category_cells(records, OOD_CATEGORIES)
+    return category_cells(records, EVAL_OOD_CATEGORIES)
 
 
 def ood_markdown(table: dict[str, Cell]) -> str:
@@ -109,16 +145,31 @@ def failure_profile(records: list[dict]) -> dict[str, dict[str, dict[str, float]
 
 
 def pct(cell: Cell | None, stderr: bool = True) -> str:
+    """``acc ± se`` in percent; ``acc [low, high]`` (95 % Wilson) on a small sample; ``acc`` with ``stderr=False``."""
     if cell is None or cell.n == 0 or math.isnan(cell.accuracy):
         return ""
-    return f"{100 * cell.accuracy:.2f} ± {100 * cell.stderr:.2f}" if stderr else f"{100 * cell.accuracy:.2f}"
+    if not stderr:
+        return f"{100 * cell.accuracy:.2f}"
+    if is_small(cell):
+        low, high = wilson_interval(cell.passed, cell.n)
+        return f"{100 * cell.accuracy:.2f} [{100 * low:.2f}, {100 * high:.2f}]"
+    return f"{100 * cell.accuracy:.2f} ± {100 * cell.stderr:.2f}"
+
+
+def partial_note(cells: dict[str, Cell], parts) -> str:
+    """`` (k of N categories)`` when only k of an Average's N categories are in ``cells``, else ''."""
+    present = sum(1 for c in parts if c in cells and cells[c].n)
+    return "" if present == len(parts) else f" ({present} of {len(parts)} categories)"
 
 
 def markdown_table(rows: dict[str, dict[str, Cell]]) -> str:
     """One row per model/run: ``rows[name][column]`` (percent ± standard error)."""
     lines = ["| model | " + " | ".join(TABLE_COLUMNS.values()) + " |", "| --- |" + " ---: |" * len(TABLE_COLUMNS)]
     for name, cells in rows.items():
-        lines.append(f"| {name} | " + " | ".join(pct(cells.get(c)) for c in TABLE_COLUMNS) + " |")
+        average = (
+            pct(cells.get("average")) + partial_note(cells, CATEGORIES) if cells.get("average", Cell(0, 0, 0)).n else ""
+        )
+        lines.append(f"| {name} | {average} | " + " | ".join(pct(cells.get(c)) for c in CATEGORIES) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +227,8 @@ def write_report(results_path: str, out_dir: str, name: str) -> dict:
     }
     note = f"\n{describe_failures(records)}\n" if failed else ""
     with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(markdown_table({name: table}) + ood_markdown(ood) + note)
+        paper_table = markdown_table({name: table}) if table["average"].n else ""  # an evaluate-only run: no row
+        f.write(paper_table + ood_markdown(ood) + note)
     with open(os.path.join(out_dir, "table.csv"), "w") as f:
         f.write(csv_table({name: table}))
     with open(os.path.join(out_dir, "table.json"), "w") as f:

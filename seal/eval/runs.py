@@ -4,7 +4,8 @@ A training run (``seal.run_dir``) has ``metrics_*.jsonl`` (verl's file logger: `
 line; several files when the run was resumed) with ``val-core/<category>/reward/mean@1`` and
 ``val-core/average/reward/mean@1``, and ``validation_log/<step>.jsonl`` (verl's dump: one line per validation
 episode, in the order of ``data.val_files``, with ``gts`` and ``score``). An evaluation folder
-(``python -m seal.eval``) has ``results.jsonl``.
+(``python -m seal.eval``) has ``results.jsonl``; its out-of-distribution records (bfcl V4, tau2-bench) are kept
+apart (``RunResult.ood_cells``), never mixed into the paper's four categories.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from env_service.ood_tasks import is_ood_task
 from env_service.vocabulary import CATEGORIES
 from seal.eval.records import load_records, scored
-from seal.eval.report import Cell, accuracy_table, average_cell, binomial_cell
+from seal.eval.report import EVAL_OOD_CATEGORIES, Cell, accuracy_table, average_cell, binomial_cell, ood_table
 
 VAL_KEY = "val-core/multi_turn_{}/reward/mean@1"
 DEFAULT_VAL_FILE = "data/bfcl_heldout.parquet"
@@ -58,24 +58,31 @@ def val_task_ids(val_file: str) -> tuple[list[str], list[str]]:
     )
 
 
-def dumped_verdicts(run_dir: str, step: int, val_file: str) -> dict[str, bool] | None:
-    """{task id: passed} of one validation from ``validation_log/<step>.jsonl``; None when there is no dump or its
-    rows do not line up with ``val_file`` (checked through the ground truth of every row). Episodes the
-    environment could not run are left out."""
+def dumped_verdicts(run_dir: str, step: int, val_file: str) -> tuple[dict[str, bool] | None, str]:
+    """({task id: passed} of one validation from ``validation_log/<step>.jsonl``, '') -- or (None, why not) when
+    there is no dump, no ``val_file``, or the rows do not line up with it (checked through every row's ground
+    truth). Episodes the environment could not run are left out."""
     path = os.path.join(run_dir, "validation_log", f"{step}.jsonl")
-    if not (os.path.exists(path) and os.path.exists(val_file)):
-        return None
+    if not os.path.exists(path):
+        return None, f"no validation dump {path}"
+    if not os.path.exists(val_file):
+        return None, f"validation file {val_file} not found (--val-file)"
     ids, gts = val_task_ids(val_file)
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except ValueError as exc:
+        return None, f"{path} is not JSON lines: {exc}"
     if len(rows) != len(ids) or any(str(r.get("gts")) != gt for r, gt in zip(rows, gts)):
-        return None
-    return {t: float(r["score"]) >= 1.0 for t, r in zip(ids, rows) if not float(r.get("env_failed", 0.0))}
+        return None, f"{path} does not line up with {val_file} ({len(rows)} rows, {len(ids)} tasks)"
+    return {t: float(r["score"]) >= 1.0 for t, r in zip(ids, rows) if not float(r.get("env_failed", 0.0))}, ""
 
 
 @dataclass
 class RunResult:
-    """One run's accuracies (``cells``), per-task verdicts when known, and its validation history."""
+    """One run's accuracies (``cells``), per-task verdicts when known, its validation history, the
+    out-of-distribution accuracies (``ood_cells``, per evaluation category) and their verdicts, and ``note``: why
+    the per-task verdicts are missing ('' when they are not)."""
 
     name: str
     path: str
@@ -83,6 +90,9 @@ class RunResult:
     verdicts: dict[str, bool] | None = None
     history: dict[int, dict[str, Cell]] = field(default_factory=dict)
     step: int | None = None
+    ood_cells: dict[str, Cell] = field(default_factory=dict)
+    ood_verdicts: dict[str, bool] = field(default_factory=dict)
+    note: str = ""
 
 
 def _cells_from_verdicts(verdicts: dict[str, bool]) -> dict[str, Cell]:
@@ -106,9 +116,17 @@ def load_run(path: str, name: str | None = None, step: str = "last", val_file: s
     name = name or os.path.basename(os.path.normpath(path))
     results = os.path.join(path, "results.jsonl")
     if os.path.exists(results):
-        # The paper's tables: the out-of-distribution questions (``seal/eval/ood.py``) stay out.
-        records = [r for r in scored(load_records(results)) if not is_ood_task(r["task_id"])]
-        return RunResult(name, path, accuracy_table(records), {r["task_id"]: bool(r["valid"]) for r in records})
+        records = scored(load_records(results))
+        ood = [r for r in records if r["category"] in EVAL_OOD_CATEGORIES]
+        paper = [r for r in records if r["category"] in CATEGORIES]
+        return RunResult(
+            name,
+            path,
+            accuracy_table(paper),
+            {r["task_id"]: bool(r["valid"]) for r in paper},
+            ood_cells=ood_table(ood),
+            ood_verdicts={r["task_id"]: bool(r["valid"]) for r in ood},
+        )
     validations = validation_steps(read_metrics(path))
     if not validations:
         raise FileNotFoundError(f"{path}: neither results.jsonl nor validation metrics (metrics_*.jsonl)")
@@ -120,9 +138,11 @@ def load_run(path: str, name: str | None = None, step: str = "last", val_file: s
         chosen = max(history, key=lambda s: history[s]["average"].accuracy)
     else:
         chosen = int(step)
-    verdicts = dumped_verdicts(path, chosen, val_file)
+    if chosen not in history:
+        raise FileNotFoundError(f"{path}: no validation at step {chosen} (validated at {sorted(history)})")
+    verdicts, note = dumped_verdicts(path, chosen, val_file)
     cells = _cells_from_verdicts(verdicts) if verdicts else history[chosen]
-    return RunResult(name, path, cells, verdicts, history, chosen)
+    return RunResult(name, path, cells, verdicts, history, chosen, note=note)
 
 
 def _category_sizes(val_file: str) -> dict[str, int]:
