@@ -280,6 +280,10 @@ class ServiceLimits(_Block):
     max_steps: int = _opt(100, _int(minimum=1))
     max_calls_per_message: int = _opt(64, _int(minimum=1))
     max_reply_bytes: int = _opt(128 * 1024, _int(minimum=256))
+    max_errors_per_message: int = _opt(8, _int(minimum=1))  # parse errors shown and kept per message
+    # What one episode keeps between messages (records: accepted calls' arguments, kept results, errors,
+    # its prompt), measured like the state (executor.state_size); beyond it the episode ends with a text.
+    max_episode_bytes: int = _opt(16 * 1024 * 1024, _int(minimum=64 * 1024))
     max_state_bytes: int = _opt(8 * 1024 * 1024, _int(minimum=1024))
     max_episodes: int = _opt(4096, _int(minimum=1))
     max_episodes_per_owner: int = _opt(1024, _int(minimum=1))
