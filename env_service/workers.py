@@ -19,10 +19,14 @@ to one worker are serialised by a lock in the parent, so the pipe carries one re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -36,6 +40,7 @@ from typing import Any
 from env_service import tasks
 from env_service.config import ServiceLimits
 from env_service.ood_episode import load_any_task, new_episode
+from env_service.scratch import SCRATCH_ENV, make_scratch_root
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,11 @@ QUEUE_TIMEOUT_S = 300.0
 SHORT_REQUEST_S = 10.0
 #: The window over which a worker's busy share is measured when placing new episodes.
 BUSY_WINDOW_S = 5.0
+#: A worker's heartbeat thread beats this often; a worker silent for HEARTBEAT_TIMEOUT_S is not answering
+#: (stopped, or stuck in C code that holds the interpreter), whatever it is doing.
+HEARTBEAT_INTERVAL_S = 0.25
+HEARTBEAT_TIMEOUT_S = 2.0
+_BEAT = struct.Struct("d")  # one beat: the worker's time.monotonic() (system-wide on Linux)
 
 
 class WorkerLost(Exception):
@@ -78,8 +88,18 @@ def _limit_memory(mib: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def _worker_main(conn) -> None:
+def _beat_forever(beats: socket.socket) -> None:
+    """The worker's heartbeat (a daemon thread): it needs the interpreter, so a stopped or stuck worker goes silent."""
+    beats.setblocking(False)
+    while True:
+        with contextlib.suppress(BlockingIOError):  # the parent reads continuously; a full buffer is a missed beat
+            beats.send(_BEAT.pack(time.monotonic()))
+        time.sleep(HEARTBEAT_INTERVAL_S)
+
+
+def _worker_main(conn, beats: socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the service, which then stops us
+    threading.Thread(target=_beat_forever, args=(beats,), name="heartbeat", daemon=True).start()
     limits: ServiceLimits = conn.recv()
     ids = tasks.task_ids("all")
     tasks.load_task(ids[0])  # the whole table, once
@@ -137,6 +157,8 @@ class _Worker:
     busy_deadline_s: float = 0.0
     episodes: set = field(default_factory=set)
     restarts: int = 0
+    beats: Any = None  # our end of the heartbeat socket
+    last_beat: float = 0.0  # time.monotonic() of the worker's last heartbeat
 
 
 class WorkerPool:
@@ -149,6 +171,8 @@ class WorkerPool:
         self._workers = [_Worker(i) for i in range(n)]
         self._state = threading.Lock()  # guards episode sets and the started flag
         self._started = False
+        self._monitor = _HeartbeatMonitor()
+        self.scratch = make_scratch_root()
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -169,18 +193,35 @@ class WorkerPool:
 
     def _launch(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair()
+        beats_ours, beats_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         package_root = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+            SCRATCH_ENV: self._worker_scratch(worker),
+        }
         process = subprocess.Popen(
-            [sys.executable, "-m", "env_service.workers", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
+            [sys.executable, "-m", "env_service.workers", str(theirs.fileno()), str(beats_theirs.fileno())],
+            pass_fds=[theirs.fileno(), beats_theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,
         )
         theirs.close()
+        beats_theirs.close()
         conn = Connection(ours.detach())
         conn.send(self.limits)
-        worker.process, worker.conn = process, conn
+        if worker.beats is not None:
+            self._monitor.forget(worker.beats)
+            worker.beats.close()
+        worker.process, worker.conn, worker.beats = process, conn, beats_ours
+        worker.last_beat = time.monotonic()  # start-up counts as alive until the first beat is due
+        self._monitor.watch(worker)
+
+    def _worker_scratch(self, worker: _Worker) -> str:
+        """This generation of the worker's scratch folder inside the service's root (made on first use)."""
+        path = os.path.join(self.scratch, f"worker{worker.index}-{worker.generation}")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def _await_ready(self, worker: _Worker) -> None:
         process, conn = worker.process, worker.conn
@@ -207,6 +248,7 @@ class WorkerPool:
         worker.process.kill()
         worker.process.wait()
         worker.conn.close()
+        shutil.rmtree(self._worker_scratch(worker), ignore_errors=True)  # what its episodes left behind
         with self._state:
             worker.episodes.clear()
         worker.generation += 1
@@ -313,7 +355,10 @@ class WorkerPool:
                     "pid": w.process.pid if w.process else None,
                     "alive": alive,
                     "busy_s": round(busy_s, 3),
-                    "answering": alive and busy_s <= w.busy_deadline_s + 1.0,
+                    "answering": alive
+                    and busy_s <= w.busy_deadline_s + 1.0
+                    and now - w.last_beat <= HEARTBEAT_TIMEOUT_S,
+                    "heartbeat_age_s": round(now - w.last_beat, 3),
                     "episodes": len(w.episodes),
                     "restarts": w.restarts,
                 }
@@ -342,6 +387,60 @@ class WorkerPool:
                     worker.process.kill()
                     worker.process.wait()
             worker.episodes.clear()
+        self._monitor.stop()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class _HeartbeatMonitor:
+    """One daemon thread that reads every worker's heartbeats and records the latest (``_Worker.last_beat``)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._workers: dict[int, _Worker] = {}  # heartbeat socket fd -> worker
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers[worker.beats.fileno()] = worker
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="env-heartbeats", daemon=True)
+                self._thread.start()
+        self._wake_w.send(b".")
+
+    def forget(self, beats: socket.socket) -> None:
+        with self._lock:
+            self._workers.pop(beats.fileno(), None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._workers.clear()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"!")
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                watched = dict(self._workers)
+            readable, _, _ = select.select([self._wake_r, *(w.beats for w in watched.values())], [], [], 1.0)
+            for sock in readable:
+                if sock is self._wake_r:
+                    if b"!" in sock.recv(64):
+                        return
+                    continue
+                self._drain(sock, watched.get(sock.fileno()))
+
+    @staticmethod
+    def _drain(sock: socket.socket, worker: _Worker | None) -> None:
+        try:
+            while True:
+                beat = sock.recv(_BEAT.size, socket.MSG_DONTWAIT)
+                if not beat:
+                    return
+                if worker is not None and len(beat) == _BEAT.size:
+                    worker.last_beat = max(worker.last_beat, _BEAT.unpack(beat)[0])
+        except (BlockingIOError, OSError):
+            return
 
 
 class RemoteEpisode:
@@ -378,4 +477,4 @@ __all__ = ["RemoteEpisode", "RemoteError", "WorkerBusy", "WorkerLost", "WorkerPo
 
 
 if __name__ == "__main__":
-    _worker_main(Connection(int(sys.argv[1])))
+    _worker_main(Connection(int(sys.argv[1])), socket.socket(fileno=int(sys.argv[2])))
