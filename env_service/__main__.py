@@ -101,6 +101,7 @@ def cmd_serve(args) -> int:
             "max_headers",
             "read_timeout_s",
             "max_connections",
+            "max_connections_per_peer",
             "max_requests_per_owner",
             "max_run_ids_per_peer",
         )
@@ -333,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--read-timeout-s", type=float, help="a request must arrive complete within this long (408 beyond; 30 s)"
     )
     serve.add_argument("--max-connections", type=int, help="open connections + requests in flight (503 beyond; 2048)")
+    serve.add_argument(
+        "--max-connections-per-peer", type=int, help="open connections of one address; idle ones are shed first (1024)"
+    )
     serve.add_argument(
         "--max-requests-per-owner", type=int, help="requests of one run (else address) in flight (429 beyond; 96)"
     )

@@ -83,6 +83,10 @@ class HttpLimits:
     read_timeout_s: float = 30.0
     keep_alive_s: float = 75.0
     max_connections: int = 2048
+    # Open connections of one client address. Beyond it, or when all connections together near
+    # ``max_connections``, idle kept-alive connections are closed first (the biggest holder's oldest), so a
+    # client hoarding connections cannot lock the others out; a new one is refused (503) only when none is idle.
+    max_connections_per_peer: int = 1024
     # Requests of one owner (run, else client address) in flight at once; more are refused (429) before they
     # take a thread. Above the trainer's rollout concurrency (32) with room, below WORKER_THREADS, so one owner
     # can never hold every thread that the other episodes need.
@@ -171,17 +175,51 @@ def guarded_protocol(limits: HttpLimits):
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    # peer address -> its open connections, oldest first (dicts keep insertion order). Only the event loop
+    # touches it: no lock.
+    open_by_peer: dict[str, dict] = collections.defaultdict(dict)
+    shed_at = max(limits.max_connections - max(limits.max_connections // 16, 1), 1)
+
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._in_headers, self._header_bytes, self._header_count = True, 0, 0
             self._refusal: tuple[int, str, str] | None = None
             self._read_timer = None
+            self._peer = (transport.get_extra_info("peername") or ("?",))[0]
+            if not self._make_room():
+                return self._refuse(
+                    503,
+                    "too_many_connections",
+                    f"this address holds {limits.max_connections_per_peer} busy connections",
+                )
+            open_by_peer[self._peer][self] = None
             self._arm_read_timer()  # a connection that never sends a request is dropped too
 
         def connection_lost(self, exc) -> None:
             self._disarm_read_timer()
+            mine = open_by_peer.get(self._peer)
+            if mine is not None:
+                mine.pop(self, None)
+                if not mine:
+                    del open_by_peer[self._peer]
             super().connection_lost(exc)
+
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _make_room(self) -> bool:
+            """Below this peer's cap, and the global shedding point, with room to spare: close idle connections
+            (this peer's own first, then the biggest holder's) until there is; False when none is idle."""
+            mine = open_by_peer.get(self._peer, {})
+            while len(mine) >= limits.max_connections_per_peer:
+                if not _shed_one(mine):
+                    return False
+            while sum(len(c) for c in open_by_peer.values()) >= shed_at:
+                biggest = max(open_by_peer.values(), key=len)
+                if not _shed_one(biggest):
+                    break  # nothing idle to shed: uvicorn's own limit answers 503 beyond max_connections
+            return True
 
         def data_received(self, data: bytes) -> None:
             while data and not self.transport.is_closing():
@@ -253,6 +291,15 @@ def guarded_protocol(limits: HttpLimits):
             if not self.transport.is_closing():
                 self.transport.write(_raw_error(status, code, detail))
                 self.transport.close()
+
+    def _shed_one(connections: dict) -> bool:
+        """Close the oldest idle connection of ``connections``; False when every one is busy."""
+        idle = next((c for c in connections if c._idle() and not c.transport.is_closing()), None)
+        if idle is None:
+            return False
+        connections.pop(idle)
+        idle.transport.close()
+        return True
 
     return GuardedHttpToolsProtocol
 

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -310,3 +311,42 @@ def test_a_stopped_worker_shows_in_health_and_no_scratch_folder_outlives_its_wor
             c.create(OOD_TASK, "validate")
         assert len(_scratch_folders(root)) == 1
     assert not os.path.exists(root)  # removed when the service stopped, its episode still live
+
+
+# -- class 8: connection hoarding -------------------------------------------------------------------------
+
+
+def _kept_alive(url_port: int) -> socket.socket | None:
+    """A connection that served one request and stays open (idle, kept alive); None if refused."""
+    sock = socket.create_connection(("127.0.0.1", url_port), timeout=5)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: hog\r\n\r\n")
+    answer = sock.recv(65536)
+    if not answer.startswith(b"HTTP/1.1 200"):
+        sock.close()
+        return None
+    return sock
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(0.02)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_hoarded_idle_connections_are_shed_before_anyone_is_refused():
+    limits = HttpLimits(max_connections=120, max_connections_per_peer=50)
+    with ServerThread(EpisodeManager(limits=LIMITS), limits=limits) as server:
+        hoard = [s for s in (_kept_alive(server.port) for _ in range(200)) if s is not None]  # ours: 200 > both caps
+        assert len(hoard) == 200  # each new one was let in by shedding an idle one
+        with EnvClient(server.url, retries=0, timeout_s=30) as innocent:  # before: 503 for everyone else
+            instance_id = innocent.create(TASK, "validate")["instance_id"]
+            assert innocent.step(instance_id, "hi")["info"]["num_steps"] == 1
+        time.sleep(0.2)  # closes reach the sockets
+        still_open = sum(not _closed_by_server(s) for s in hoard)
+        assert still_open <= limits.max_connections_per_peer  # the oldest idle ones were shed
+        for sock in hoard:
+            sock.close()
