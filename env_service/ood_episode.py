@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from env_service import _bfcl, prompts, tasks
+from env_service import _bfcl, prompts, tasks, web_guard
 from env_service.calls import backend_class
 from env_service.config import EnvConfig, RewardConfig, ServiceLimits
 from env_service.episode import Episode, StepResult
@@ -126,6 +126,7 @@ class OodEpisode(Episode):
             config = {"model_result_dir": root, "scenario": task.scenario, "test_id": task.id}
             instance._load_scenario({**config, "test_category": task.category})
         else:
+            web_guard.install()  # page fetches: public addresses only, within a time and size budget
             instance._load_scenario({"show_snippet": "no_snippet" not in task.category})
         return BackendSession(task, allowed=self._allowed_names(), instances={task.backend: instance})
 
