@@ -5,8 +5,9 @@ Both raise :class:`EnvServiceError` (``status``, ``error`` code, server ``messag
 request, so calling code handles one exception type whichever transport it uses.
 
 Retries (HTTP only) are bounded and limited to failures where the request may not have been served:
-connection errors, read timeouts and 502/503/504. A 4xx is never retried (the same request would fail
-the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
+connection errors, read timeouts, 429/502/503/504, and 409 ``episode_busy`` (an earlier attempt of the same
+step is still running; the service refuses rather than queues it). Any other 4xx is never retried (the same
+request would fail the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
 answers an already-applied step from cache instead of applying it twice; retrying ``create`` is safe
 because the client sends a ``request_id`` chosen up front (the service mints the instance id); retrying ``evaluate`` is safe because the
 manager keeps a released episode's evaluation a while and answers the retry with it.

@@ -422,7 +422,10 @@ class _HeartbeatMonitor:
         while True:
             with self._lock:
                 watched = dict(self._workers)
-            readable, _, _ = select.select([self._wake_r, *(w.beats for w in watched.values())], [], [], 1.0)
+            try:
+                readable, _, _ = select.select([self._wake_r, *(w.beats for w in watched.values())], [], [], 1.0)
+            except (OSError, ValueError):  # a replaced worker's socket closed under us: look again
+                continue
             for sock in readable:
                 if sock is self._wake_r:
                     if b"!" in sock.recv(64):

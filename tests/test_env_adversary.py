@@ -304,6 +304,8 @@ def test_a_stopped_worker_shows_in_health_and_no_scratch_folder_outlives_its_wor
         client.step(victim, "hi")
     assert _scratch_folders(pool.scratch) == []  # the killed worker's folders went with it
     assert client.step(survivor, "hi")["info"]["num_steps"] == 1
+    time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)  # the replacement's own heartbeat is what keeps it ok now
+    assert requests.get(service.url + "/health", timeout=10).status_code == 200
     with ServerThread(EpisodeManager(workers=1, limits=LIMITS)) as other:
         root = other.manager._pool.scratch
         assert not os.path.exists(stale)  # swept when the next service started
