@@ -685,7 +685,7 @@ class ServerThread:
     def _run(self) -> None:
         self.server.run(sockets=[self._socket])
 
-    def start(self, timeout_s: float = 30.0) -> ServerThread:
+    def start(self, timeout_s: float = 120.0) -> ServerThread:  # start-up loads the task table in every worker
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:

@@ -13,13 +13,17 @@ busy with budget-exhausting messages gets no new episodes while another one has 
 Inside a worker, calls run on the main thread, where the episode's time budgets interrupt them
 (:func:`~env_service.executor.time_limit`). The parent waits for each answer at most the request's budget
 plus ``worker_grace_s``; a worker that does not answer by then (work a timer cannot interrupt, a crash, the
-memory cap) is killed and replaced, and only the episodes it held fail, with :class:`WorkerLost`. Requests
+memory cap) is killed and replaced. Only the episode whose request it died on fails, with :class:`WorkerLost`:
+the other episodes it held are rebuilt on the replacement by replaying their messages (each reply checked
+against the one the client got; within ``replay_budget_s``), so a worker loss is invisible to them. Requests
 to one worker are serialised by a lock in the parent, so the pipe carries one request at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import select
@@ -155,7 +159,7 @@ class _Worker:
     busy_since: float | None = None
     recent: deque = field(default_factory=deque)  # (end, seconds busy) of requests in the last window
     busy_deadline_s: float = 0.0
-    episodes: set = field(default_factory=set)
+    episodes: dict = field(default_factory=dict)  # key -> its RemoteEpisode (None while being created)
     restarts: int = 0
     beats: Any = None  # our end of the heartbeat socket
     last_beat: float = 0.0  # time.monotonic() of the worker's last heartbeat
@@ -236,10 +240,11 @@ class WorkerPool:
                 f"env worker {worker.index} exited during start-up (exit code {process.wait()}); see its log above"
             ) from None
 
-    def _kill(self, worker: _Worker, why: str) -> None:
-        """Kill and replace ``worker`` (its lock held); its episodes are lost."""
+    def _kill(self, worker: _Worker, why: str, offender: str | None = None) -> None:
+        """Kill and replace ``worker`` (its lock held). The episodes it held but ``offender`` (the one whose request
+        it died on) are rebuilt on the replacement by replaying their messages (see ``_replay``)."""
         log.error(
-            "env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes lost)",
+            "env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes on it)",
             worker.index,
             worker.process.pid,
             why,
@@ -250,31 +255,78 @@ class WorkerPool:
         worker.conn.close()
         shutil.rmtree(self._worker_scratch(worker), ignore_errors=True)  # what its episodes left behind
         with self._state:
+            innocents = [h for k, h in worker.episodes.items() if k != offender and h is not None and h.replayable]
             worker.episodes.clear()
         worker.generation += 1
         worker.restarts += 1
         self._spawn(worker)
+        deadline = time.monotonic() + self.limits.replay_budget_s
+        for handle in innocents:
+            self._replay(worker, handle, deadline)
+
+    def _replay(self, worker: _Worker, handle: RemoteEpisode, deadline: float) -> None:
+        """Rebuild an innocent episode on the fresh ``worker`` (its lock held): create it again and step its accepted
+        messages; an episode is a deterministic function of them, and each reply must match the one its client got.
+        An episode that diverges or cannot finish within the replay budget stays lost (``WorkerLost`` on its next
+        request, with the reason)."""
+        try:
+            self._exchange(worker, deadline, "create", handle._key, *handle._create_args)
+            for content, reply in handle._history:
+                if _reply_fingerprint(self._exchange(worker, deadline, "step", handle._key, content)) != reply:
+                    raise _ReplayFailed("its replay answered differently from the original")
+        except _ReplayFailed as failure:
+            handle.lost_reason = f"its worker was replaced and {failure}"
+            with contextlib.suppress(_ReplayFailed):
+                self._exchange(worker, deadline + SHORT_REQUEST_S, "close", handle._key)
+            log.warning("episode %s not rebuilt: %s", handle._key, handle.lost_reason)
+            return
+        with self._state:
+            worker.episodes[handle._key] = handle
+        handle._generation = worker.generation
+        log.info("episode %s rebuilt on the replacement worker (%d messages)", handle._key, len(handle._history))
+
+    def _exchange(self, worker: _Worker, deadline: float, op: str, key: str, *args):
+        """One request to ``worker`` during a replay (its lock held), answered before ``deadline``."""
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise _ReplayFailed(f"its replay ran past the budget of {self.limits.replay_budget_s:g} s")
+            worker.conn.send((op, key, args))
+            if not worker.conn.poll(remaining):
+                raise _ReplayFailed(f"its replay ran past the budget of {self.limits.replay_budget_s:g} s")
+            ok, payload = worker.conn.recv()
+        except (EOFError, OSError) as error:
+            raise _ReplayFailed(f"its replay lost the new worker ({type(error).__name__})") from None
+        if not ok:
+            raise _ReplayFailed(f"its replay failed ({payload[0]})")
+        return payload
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _request(self, worker: _Worker, generation: int, budget_s: float, op: str, key: str, *args):
+    def _request(self, worker: _Worker, generation, budget_s: float, op: str, key: str, *args):
+        """``generation``: the worker generation the episode lives in, or its handle (read once the lock is held:
+        a replay while this request waited moves the episode to the new generation)."""
         if not worker.lock.acquire(timeout=QUEUE_TIMEOUT_S):
             raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
         try:
+            handle = generation if isinstance(generation, RemoteEpisode) else None
+            if handle is not None:
+                generation = handle._generation
             if worker.generation != generation:
-                raise WorkerLost("the worker holding this episode was replaced")
+                reason = (handle.lost_reason if handle is not None else None) or "the worker holding it was replaced"
+                raise WorkerLost(reason)
             deadline_s = budget_s + self.limits.worker_grace_s
             worker.busy_since, worker.busy_deadline_s = time.monotonic(), deadline_s
             try:
                 worker.conn.send((op, key, args))
                 if not worker.conn.poll(deadline_s):
-                    self._kill(worker, f"no answer to {op} within {deadline_s:g} s")
+                    self._kill(worker, f"no answer to {op} within {deadline_s:g} s", offender=key)
                     raise WorkerLost(
                         f"the episode's worker did not answer {op} within {deadline_s:g} s and was replaced"
                     )
                 ok, payload = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError) as error:
-                self._kill(worker, f"connection lost during {op} ({type(error).__name__})")
+                self._kill(worker, f"connection lost during {op} ({type(error).__name__})", offender=key)
                 raise WorkerLost(f"the episode's worker died during {op} and was replaced") from None
             finally:
                 now = time.monotonic()
@@ -294,7 +346,7 @@ class WorkerPool:
         self.start()
         with self._state:
             worker = self._placement()
-            worker.episodes.add(key)
+            worker.episodes[key] = None
             generation = worker.generation
         try:
             messages, info = self._request(
@@ -302,9 +354,14 @@ class WorkerPool:
             )
         except BaseException:
             with self._state:
-                worker.episodes.discard(key)
+                worker.episodes.pop(key, None)
             raise
-        return RemoteEpisode(self, worker, generation, key, messages, info)
+        handle = RemoteEpisode(self, worker, generation, key, messages, info)
+        handle._create_args = (task_id, mode, config, profile, memory_snapshot)
+        with self._state:
+            if key in worker.episodes:  # not lost while it was being created
+                worker.episodes[key] = handle
+        return handle
 
     def replace_dead(self) -> int:
         """Replace workers that died between requests (their episodes are lost); returns how many."""
@@ -338,7 +395,7 @@ class WorkerPool:
 
     def forget(self, worker: _Worker, key: str) -> None:
         with self._state:
-            worker.episodes.discard(key)
+            worker.episodes.pop(key, None)
 
     # -- health / shutdown ---------------------------------------------------------------------
 
@@ -446,32 +503,59 @@ class _HeartbeatMonitor:
             return
 
 
+class _ReplayFailed(Exception):
+    """Why an innocent episode could not be rebuilt on a replacement worker."""
+
+
+def _reply_fingerprint(result) -> str:
+    """What the client saw of a step (the reply texts and whether it ended), to check a replay against."""
+    seen = [result.message, result.extra_messages, result.terminated]
+    return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str).encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class RemoteEpisode:
-    """The manager's handle on an episode that lives in a worker (the same methods as ``Episode``)."""
+    """The manager's handle on an episode that lives in a worker (the same methods as ``Episode``).
+
+    It keeps what a replay needs (the create arguments, each accepted message with a fingerprint of its reply)
+    while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost.
+    """
 
     def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info):
         self._pool, self._worker, self._generation, self._key = pool, worker, generation, key
         self._messages = messages
         self.info = info
         self.terminated = False
+        self._create_args: tuple = ()
+        self._history: list[tuple[str, str]] = []  # (message, fingerprint of its reply)
+        self._history_bytes = 0
+        self.replayable = True
+        self.lost_reason: str | None = None
 
     def initial_messages(self) -> list[dict]:
         return self._messages
 
     def step(self, assistant_text: str):
         budget = self._pool.limits.message_budget_s
-        result = self._pool._request(self._worker, self._generation, budget, "step", self._key, assistant_text)
+        result = self._pool._request(self._worker, self, budget, "step", self._key, assistant_text)
         self.terminated = result.terminated
+        self._remember(assistant_text, result)
         return result
+
+    def _remember(self, content: str, result) -> None:
+        self._history_bytes += len(content) + 64
+        if self._history_bytes > self._pool.limits.max_episode_bytes:
+            self.replayable, self._history = False, []
+        elif self.replayable:
+            self._history.append((content, _reply_fingerprint(result)))
 
     def evaluate(self, reward_cfg=None) -> dict:
         budget = self._pool.limits.evaluate_budget_s
-        return self._pool._request(self._worker, self._generation, budget, "evaluate", self._key, reward_cfg)
+        return self._pool._request(self._worker, self, budget, "evaluate", self._key, reward_cfg)
 
     def close(self) -> None:
         self._pool.forget(self._worker, self._key)
         try:
-            self._pool._request(self._worker, self._generation, SHORT_REQUEST_S, "close", self._key)
+            self._pool._request(self._worker, self, SHORT_REQUEST_S, "close", self._key)
         except (WorkerLost, WorkerBusy):
             pass  # nothing left to free
 

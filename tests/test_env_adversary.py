@@ -352,3 +352,33 @@ def test_hoarded_idle_connections_are_shed_before_anyone_is_refused():
         assert still_open <= limits.max_connections_per_peer  # the oldest idle ones were shed
         for sock in hoard:
             sock.close()
+
+
+# -- class 2: a worker's death costs only the episode it died on ---------------------------------------
+
+
+def test_a_killed_workers_innocent_episodes_are_rebuilt_on_its_replacement(service, client):
+    offender = client.create(TASK, "validate")["instance_id"]
+    worker = _worker_of(service, offender)
+    innocents, elsewhere = [], []
+    while len(innocents) < 2 and len(elsewhere) < 20:  # two more beside it (placement spreads them over workers)
+        instance_id = client.create(TASK, "validate")["instance_id"]
+        (innocents if _worker_of(service, instance_id) is worker else elsewhere).append(instance_id)
+    for instance_id in elsewhere:
+        client.release(instance_id)
+    assert len(innocents) == 2
+    messages = replay.ground_truth_messages(tasks.load_task(TASK))
+    half = len(messages) // 2
+    for message in messages[:half]:
+        client.step(innocents[0], message)
+    client.step(innocents[1], "<tool_call>{bad}</tool_call>" * 50)  # ours: one that made mistakes replays them too
+    for message in messages[:half]:
+        client.step(innocents[1], message)
+    os.kill(worker.process.pid, signal.SIGKILL)
+    with pytest.raises(EnvServiceError) as lost:
+        client.step(offender, "hi")  # the request the worker died on: that episode alone is lost
+    assert lost.value.error == "episode_lost"
+    for instance_id in innocents:  # before: episode_lost for both
+        for message in messages[half:]:
+            client.step(instance_id, message)
+        assert client.evaluate(instance_id, release=True)["valid"] is True
