@@ -104,7 +104,7 @@ FLOODS = [
     ("bfcl_qwen_fc", "<tool_call>{bad}</tool_call>" * 9000),  # the issue's: invalid JSON per block
     ("bfcl_qwen_fc", '<tool_call>{"name": "x"}</tool_call>' * 6000),  # ours: missing keys per block
     ("bfcl_qwen_fc", '<tool_call>{"name": "ls", "arguments": "[1]"}</tool_call>' * 4000),  # ours: not objects
-    ("toolace_llama", "[" + ", ".join(["f(1)"] * 8000) + "]"),  # positional arguments per call
+    ("toolace_llama", "[" + ", ".join(["f(1)"] * 2000) + "]"),  # positional arguments per call
 ]
 
 
