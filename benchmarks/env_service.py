@@ -14,7 +14,8 @@ turn with the calls plus one plain-text message per turn, evaluate, release):
    name per entry, registry cleanup) — the verifier alone, without parsing, turns or our isolation;
 5. an innocent client's step latency (p50/p99, GT replays one step at a time) while another client keeps
    sending messages that each exhaust the message budget (``find`` over a file system whose directories
-   alias each other, 2**40 entries), on a service with a 1 s message budget and 2 workers;
+   alias each other, 2**40 entries), on a service with a 1 s message budget and 2 workers; then the same
+   innocent client while each attack class of :data:`ATTACKS` runs (step p99, episodes lost, RSS growth);
 6. the service's RSS (main process + workers) after 500 and after 5,000 episodes (fresh service; psutil).
 
 Targets: HTTP@32 within 3x of in-process (slowdown = in-process eps / HTTP@32 eps <= 3); 2 workers >= 1.6x
@@ -252,6 +253,135 @@ def hostile_neighbour(task_ids: list[str], innocent_threads: int = 4) -> dict:
     }
 
 
+def _deep_names(client, stop) -> None:
+    names = ["a." * 5000 + "a", "a" + "()" * 5000, "-" * 20000 + "a", "lambda: " * 3000 + "a"]
+    while not stop.is_set():
+        iid = client.create("multi_turn_base_0", "validate", {"enforce_available_tools": False})["instance_id"]
+        for name in names * 20:
+            if stop.is_set():
+                break
+            client.step(iid, _call(name))
+        client.release(iid)
+
+
+def _parse_floods(client, stop) -> None:
+    while not stop.is_set():
+        iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+        for _ in range(20):
+            if stop.is_set():
+                break
+            client.step(iid, "<tool_call>{bad}</tool_call>" * 9000)
+        client.release(iid)
+
+
+def _refused_call_floods(client, stop) -> None:
+    many_small = {"path": [[] for _ in range(30_000)]}
+    while not stop.is_set():
+        iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+        for _ in range(40):
+            if stop.is_set():
+                break
+            client.step(iid, _call("no_such_tool", **many_small) * 2)
+        client.release(iid)
+
+
+def _busy_queue(client, stop) -> None:
+    import requests
+
+    iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+    for message in aliasing_messages():
+        client.step(iid, message)
+    body = {"instance_id": iid, "content": _call("find", path=".")}
+    with ThreadPoolExecutor(80) as pool:
+        while not stop.is_set():
+            list(pool.map(lambda _: requests.post(client.url + "/step", json=body, timeout=60), range(80)))
+
+
+def _minted_run_ids(client, stop) -> None:
+    import requests
+
+    for k in itertools.count():
+        if stop.is_set():
+            break
+        requests.post(client.url + "/profile", json={"profile": {}}, headers={"X-Seal-Run-Id": f"mint-{k}"}, timeout=30)
+
+
+def _connection_hoard(client, stop) -> None:
+    hoard = []
+    host, port = client.url.rsplit("/", 1)[-1].split(":")
+    while not stop.is_set() and len(hoard) < 3000:
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: hog\r\n\r\n")
+        sock.recv(65536)
+        hoard.append(sock)
+    stop.wait()
+    for sock in hoard:
+        sock.close()
+
+
+#: Attack class -> a client that keeps it up until told to stop (issue "round 2": nothing one client does costs
+#: another anything).
+ATTACKS = {
+    "deeply nested names": _deep_names,
+    "parse-error floods": _parse_floods,
+    "refused-call floods": _refused_call_floods,
+    "80 requests queued on one episode": _busy_queue,
+    "minted run ids": _minted_run_ids,
+    "connection hoarding": _connection_hoard,
+}
+
+
+def innocent_under_attacks(task_ids: list[str]) -> dict:
+    """Per attack class: an innocent client's GT replays while the class runs (step p99 against the message
+    budget, episodes lost or failed) and how much the service and its workers grew."""
+    flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
+    ids = [t for t in task_ids if t not in replay.EXPECTED_FAILURES]
+    figures = {}
+    with ServiceProcess(*flags) as service:
+        for name, attack in ATTACKS.items():
+            stop, errors = threading.Event(), []
+
+            def attacker(attack=attack, stop=stop, errors=errors) -> None:
+                with EnvClient(service.url, retries=0, timeout_s=120, run_id="attacker") as client:
+                    try:
+                        attack(client, stop)
+                    except Exception as error:  # noqa: BLE001 - a refusal ends the attack, which is fine
+                        errors.append(repr(error)[:200])
+
+            rss_before = service.rss_mib()
+            thread = threading.Thread(target=attacker)
+            thread.start()
+            time.sleep(1.0)  # the attack is under way
+            latencies, valid, lost = [], 0, 0
+            with EnvClient(service.url, retries=0, timeout_s=120, run_id="innocent") as client:
+                for task_id in ids:
+                    try:
+                        iid = client.create(task_id, "validate")["instance_id"]
+                        for message in replay.ground_truth_messages(tasks.load_task(task_id)):
+                            started = time.perf_counter()
+                            client.step(iid, message)
+                            latencies.append(time.perf_counter() - started)
+                        valid += client.evaluate(iid, release=True)["valid"]
+                    except Exception:  # noqa: BLE001 - counted: an innocent episode must never fail
+                        lost += 1
+            rss_after = service.rss_mib()
+            stop.set()
+            thread.join(120)
+            latencies.sort()
+            p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("inf")
+            figures[name] = {
+                "p99_s": p99,
+                "p99_over_budget": p99 / HOSTILE_BUDGET_S,
+                "innocent_valid": valid,
+                "innocent_episodes": len(ids),
+                "innocent_lost": lost,
+                "rss_growth_mib": rss_after - rss_before,
+                "attack_stopped_by": errors[0] if errors else None,  # a refusal that ended the attack early
+                "ok": lost == 0 and valid == len(ids) and p99 <= LATENCY_TARGET * HOSTILE_BUDGET_S,
+            }
+    return figures
+
+
 def memory_run(task_ids: list[str], first: int, total: int, concurrency: int) -> dict:
     """RSS of a fresh service after ``first`` and after ``total`` GT episodes (tasks cycled)."""
     cycle = list(itertools.islice(itertools.cycle(task_ids), total))
@@ -296,6 +426,7 @@ def run(quick: bool) -> dict:
     figures.update(workers_scaling(task_ids))
     figures["bare_checker"] = bare_checker(task_ids)
     figures["hostile"] = hostile_neighbour(task_ids[::10] if quick else task_ids[::4])
+    figures["attacks"] = innocent_under_attacks(task_ids[:2] if quick else task_ids[::25])
     figures["memory"] = memory_run(task_ids, mem_first, mem_total, concurrency=32)
     inproc, http32 = figures["in_process"]["eps"], figures["http_c32"]["eps"]
     figures["ratios"] = {
@@ -348,6 +479,16 @@ def report(figures: dict) -> str:
         f"(new episodes avoid the hogged worker; one already there waits behind one message); innocent episodes "
         f"valid {hostile['innocent_valid']}/{hostile['innocent_episodes']}; worker restarts "
         f"{hostile['worker_restarts']}",
+        "",
+        "innocent client per attack class (GT replays while the class runs; message budget "
+        f"{HOSTILE_BUDGET_S:g} s, target p99 <= {LATENCY_TARGET:g}x, none lost):",
+        *(
+            f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x, valid "
+            f"{a['innocent_valid']}/{a['innocent_episodes']}, lost {a['innocent_lost']}, service+workers RSS "
+            f"{a['rss_growth_mib']:+.0f} MiB: {'MET' if a['ok'] else 'MISSED'}"
+            + (f" (attack ended by {a['attack_stopped_by']})" if a["attack_stopped_by"] else "")
+            for name, a in figures["attacks"].items()
+        ),
         "",
         f"service RSS: start {mem['start_mib']:.1f} MiB, after {mem['first']} episodes {mem['first_mib']:.1f} MiB, "
         f"after {mem['total']} episodes {mem['total_mib']:.1f} MiB",

@@ -96,7 +96,15 @@ def cmd_serve(args) -> int:
         raise CliError(str(error)) from None
     given = {
         name: getattr(args, name)
-        for name in ("max_header_bytes", "max_headers", "read_timeout_s", "max_connections")
+        for name in (
+            "max_header_bytes",
+            "max_headers",
+            "read_timeout_s",
+            "max_connections",
+            "max_connections_per_peer",
+            "max_requests_per_owner",
+            "max_run_ids_per_peer",
+        )
         if getattr(args, name) is not None
     }
     limits = HttpLimits(**given)
@@ -326,6 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--read-timeout-s", type=float, help="a request must arrive complete within this long (408 beyond; 30 s)"
     )
     serve.add_argument("--max-connections", type=int, help="open connections + requests in flight (503 beyond; 2048)")
+    serve.add_argument(
+        "--max-connections-per-peer", type=int, help="open connections of one address; idle ones are shed first (1024)"
+    )
+    serve.add_argument(
+        "--max-requests-per-owner", type=int, help="requests of one run (else address) in flight (429 beyond; 96)"
+    )
+    serve.add_argument(
+        "--max-run-ids-per-peer", type=int, help="run ids one client address may use at once (429 beyond; 16)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     prompt = sub.add_parser("prompt", help="print an episode's initial messages")

@@ -5,10 +5,11 @@ Both raise :class:`EnvServiceError` (``status``, ``error`` code, server ``messag
 request, so calling code handles one exception type whichever transport it uses.
 
 Retries (HTTP only) are bounded and limited to failures where the request may not have been served:
-connection errors, read timeouts and 502/503/504. A 4xx is never retried (the same request would fail
-the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
+connection errors, read timeouts, 429/502/503/504, and 409 ``episode_busy`` (an earlier attempt of the same
+step is still running; the service refuses rather than queues it). Any other 4xx is never retried (the same
+request would fail the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
 answers an already-applied step from cache instead of applying it twice; retrying ``create`` is safe
-because the client chooses the ``instance_id`` up front; retrying ``evaluate`` is safe because the
+because the client sends a ``request_id`` chosen up front (the service mints the instance id); retrying ``evaluate`` is safe because the
 manager keeps a released episode's evaluation a while and answers the retry with it.
 
 ``run_id`` names the caller's run on every request (failure profiles are per run) and ``secret`` is the
@@ -33,7 +34,7 @@ from env_service.errors import ManagerError
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({502, 503, 504})
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Failures where the request may not have been served (or its answer was lost).
 _RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
@@ -88,14 +89,14 @@ class _ClientAPI:
         task_id: str,
         mode: str = "train",
         params: dict | None = None,
-        instance_id: str | None = None,
+        request_id: str | None = None,
         memory_snapshot: dict | None = None,
     ) -> dict:
         """Start an episode: ``{"instance_id", "messages", "info"}``. ``memory_snapshot``: the memory an OOD memory
         episode starts from (the ``memory_snapshot`` of the previous prerequisite's evaluation)."""
-        # Chosen here, not by the server, so that a retried create finds the first attempt.
-        instance_id = instance_id or f"ep_{uuid.uuid4().hex}"
-        payload = {"task_id": task_id, "mode": mode, "params": params or {}, "instance_id": instance_id}
+        # The service mints the instance id; this key, chosen here, lets a retried create find the first attempt.
+        request_id = request_id or f"rq_{uuid.uuid4().hex}"
+        payload = {"task_id": task_id, "mode": mode, "params": params or {}, "request_id": request_id}
         if memory_snapshot is not None:
             payload["memory_snapshot"] = memory_snapshot
         result = self._call("create", payload)
@@ -225,7 +226,7 @@ class EnvClient(_ClientAPI):
                     ) from None
                 self._sleep(attempt, f"{type(error).__name__} on {endpoint}")
                 continue
-            if response.status_code in RETRY_STATUSES and not last:
+            if (response.status_code in RETRY_STATUSES or _episode_busy(response)) and not last:
                 self._sleep(attempt, f"HTTP {response.status_code} on {endpoint}")
                 continue
             return self._decode(response)
@@ -248,6 +249,12 @@ class EnvClient(_ClientAPI):
             raise EnvServiceError(response.status_code, str(body["detail"]), str(body.get("error", "error")))
         text = response.text[:500] if response.text else response.reason
         raise EnvServiceError(response.status_code, text or "empty response", "http_error")
+
+
+def _episode_busy(response: requests.Response) -> bool:
+    """409 ``episode_busy``: this client's earlier attempt of the request is still running (a read timeout
+    retried); the service refuses at once rather than queue it, so try again once that attempt answered."""
+    return response.status_code == 409 and b'"episode_busy"' in response.content[:64]
 
 
 class InProcessEnvClient(_ClientAPI):

@@ -275,11 +275,17 @@ class ServiceLimits(_Block):
     message_budget_s: float = _opt(5.0, _float(0.001))
     evaluate_budget_s: float = _opt(10.0, _float(0.001))
     worker_grace_s: float = _opt(5.0, _float(0.0))
+    # Rebuilding the innocent episodes of a replaced worker (replaying their messages), all of them together.
+    replay_budget_s: float = _opt(30.0, _float(0.0))
     call_memory_mib: int = _opt(256, _int(minimum=1))  # resident memory one call may add
     worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none
     max_steps: int = _opt(100, _int(minimum=1))
     max_calls_per_message: int = _opt(64, _int(minimum=1))
     max_reply_bytes: int = _opt(128 * 1024, _int(minimum=256))
+    max_errors_per_message: int = _opt(8, _int(minimum=1))  # parse errors shown and kept per message
+    # What one episode keeps between messages (records: accepted calls' arguments, kept results, errors,
+    # its prompt), measured like the state (executor.state_size); beyond it the episode ends with a text.
+    max_episode_bytes: int = _opt(16 * 1024 * 1024, _int(minimum=64 * 1024))
     max_state_bytes: int = _opt(8 * 1024 * 1024, _int(minimum=1024))
     max_episodes: int = _opt(4096, _int(minimum=1))
     max_episodes_per_owner: int = _opt(1024, _int(minimum=1))

@@ -28,7 +28,8 @@ class CreateRequest(_Body):
     task_id: str
     mode: Literal[MODE_TRAIN, MODE_VALIDATE]
     params: dict[str, Any] = Field(default_factory=dict)
-    instance_id: str | None = None
+    # The caller's key for this create (a retry gets the same episode); the instance id is minted by the service.
+    request_id: str | None = None
     # OOD memory tasks: the memory the episode starts from (a prerequisite's evaluation hands it back)
     memory_snapshot: dict[str, Any] | None = None
 
@@ -98,9 +99,9 @@ class Endpoint:
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("create", "POST", "create", CreateRequest, CreateResponse, caller=("owner", "run_id")),
-    Endpoint("step", "POST", "step", StepRequest, StepResponse),
-    Endpoint("evaluate", "POST", "evaluate", EvaluateRequest),
-    Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released"),
+    Endpoint("step", "POST", "step", StepRequest, StepResponse, caller=("owner",)),
+    Endpoint("evaluate", "POST", "evaluate", EvaluateRequest, caller=("owner",)),
+    Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released", caller=("owner",)),
     Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id",)),
     Endpoint("profile", "GET", "get_profile", caller=("run_id",)),
 )

@@ -87,6 +87,14 @@ def _tool_name(doc: Mapping) -> str:
     return str(name)
 
 
+def _bounded_errors(errors: list[str], limit: int) -> list[str]:
+    """The first ``limit`` errors, and one line counting the rest (a message of 10,000 broken blocks is one
+    mistake repeated; the model needs a few examples, not all of them)."""
+    if len(errors) <= limit:
+        return errors
+    return [*errors[:limit], f"... and {len(errors) - limit} more errors in this message"]
+
+
 def _first_user_content(turn: list) -> str:
     """Content of the first ``user`` message of a question turn ("" if none, like the released environment)."""
     for message in turn or []:
@@ -124,6 +132,7 @@ class Episode:
         self._records: list[TurnRecord] = [TurnRecord(calls=[], exec_results=[])]
         self._num_steps = 0
         self._terminated = False
+        self._kept_bytes = 0  # what this episode keeps between messages (records), see _over_memory
         self._obs_lite = self._active(self.config.observation_lite)
         self._feedback = self._active(self.config.tool_feedback_evolution)
         cues = self._capability_cues(profile)
@@ -136,6 +145,7 @@ class Episode:
             "capability_cues": bool(cues),
             "capability_cue_lines": cues.count("\n- ") if cues else 0,
         }
+        self._kept_bytes = state_size([self._system, self.initial_messages()], self.limits.max_episode_bytes)
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -183,6 +193,8 @@ class Episode:
             )
             return self._reply(text, terminated=True, error_type=STEP_LIMIT_EXCEEDED)
         parsed = parse_assistant(assistant_text, self.config.tool_prompt_mode, self.config.strict_tool_parser)
+        if self._kept_bytes > self.limits.max_episode_bytes:
+            return self._end_over_memory()
         if parsed.errors:
             return self._reject_parse_errors(parsed)
         if len(parsed.calls) > self.limits.max_calls_per_message:
@@ -254,12 +266,45 @@ class Episode:
             "advanced": False,
             **info,
         }
+        # Every reply, whatever produced it, within max_reply_bytes (its messages together).
+        content, *extra = clip_texts([content, *extra], self.limits.max_reply_bytes)
         return StepResult(
             message={"role": role, "content": content},
             terminated=terminated,
             info=info,
             extra_messages=[{"role": role, "content": text} for text in extra],
         )
+
+    # -- what an episode keeps ------------------------------------------------------------------
+
+    def _keeps(self, arguments: list[dict]) -> bool:
+        """Charge the arguments (the verifier replays them) and results of accepted calls to the episode's
+        budget; False when they do not fit (then nothing of the message is run or kept)."""
+        limit = self.limits.max_episode_bytes
+        cost = state_size(arguments, max(limit - self._kept_bytes, 0)) + self.limits.max_reply_bytes
+        if self._kept_bytes + cost > limit:
+            return False
+        self._kept_bytes += cost
+        return True
+
+    def _end_over_memory(self) -> StepResult:
+        self._terminated = True
+        text = (
+            f"{ERROR_MARKER} This episode's records reached their memory limit of {self.limits.max_episode_bytes} "
+            f"bytes and it has ended; nothing in the last message was run."
+        )
+        return self._reply(text, terminated=True, error_type=STEP_LIMIT_EXCEEDED)
+
+    def _rejected(self, record: TurnRecord, parsed_calls: list[ToolCall], errors: list[str] = ()) -> None:
+        """Keep the evidence of refused calls at a bounded cost: the verifier needs only that there were some
+        (a few names, no arguments), and a few of the errors."""
+        names = [
+            ToolCall(name=shown_name(c.name), arguments={}) for c in parsed_calls[: self.limits.max_errors_per_message]
+        ]
+        errors = _bounded_errors(list(errors), self.limits.max_errors_per_message)
+        record.rejected_calls.extend(names)
+        record.parse_errors.extend(errors)
+        self._kept_bytes += sum(64 + len(c.name) for c in names) + sum(64 + len(e) for e in errors)
 
     def _error_message(self, error: str, error_type: str = STEP_PARSE_ERROR) -> str:
         message = prompts.invalid_tool_call_message(error)
@@ -274,11 +319,10 @@ class Episode:
         return message
 
     def _reject_parse_errors(self, parsed: ParsedMessage) -> StepResult:
-        record = self._records[-1]
-        record.parse_errors.extend(parsed.errors)
-        record.rejected_calls.extend(parsed.calls)
+        self._rejected(self._records[-1], parsed.calls, parsed.errors)
+        shown = _bounded_errors(parsed.errors, self.limits.max_errors_per_message)
         return self._reply(
-            self._error_message(parsed.error_text),
+            self._error_message("; ".join(shown)),
             error_type=STEP_PARSE_ERROR,
             num_rejected_calls=len(parsed.calls),
             num_parse_errors=len(parsed.errors),
@@ -289,9 +333,7 @@ class Episode:
             f"{len(parsed.calls)} tool calls in one message; the limit is "
             f"{self.limits.max_calls_per_message}. Nothing was run."
         )
-        record = self._records[-1]
-        record.parse_errors.append(problem)
-        record.rejected_calls.extend(parsed.calls)
+        self._rejected(self._records[-1], parsed.calls, [problem])
         return self._reply(
             self._error_message(problem),
             error_type=STEP_LIMIT_EXCEEDED,
@@ -301,15 +343,14 @@ class Episode:
 
     def _handle_calls(self, parsed: ParsedMessage) -> StepResult:
         calls, problem, error_type = self._checked_calls(parsed.calls)
+        if problem is None and not self._keeps([call.arguments for call in calls]):
+            return self._end_over_memory()
         if problem is None:
             try:
                 return self._execute(calls)
             except ToolNotAvailable as exc:  # cannot happen while allowed == current tools; stay safe
                 problem, error_type = str(exc), STEP_UNAVAILABLE_TOOL
-        record = self._records[-1]
-        record.rejected_calls.extend(parsed.calls)
-        if error_type == STEP_PARSE_ERROR:
-            record.parse_errors.append(problem)
+        self._rejected(self._records[-1], parsed.calls, [problem] if error_type == STEP_PARSE_ERROR else [])
         return self._reply(
             self._error_message(problem, error_type),
             error_type=error_type,

@@ -63,6 +63,12 @@ class Conflict(ManagerError):
     status, code = 409, "conflict"
 
 
+class EpisodeBusy(Conflict):
+    """Another request on the same episode is running; the client may retry once it has answered."""
+
+    status, code = 409, "episode_busy"
+
+
 class PayloadTooLarge(ManagerError):
     status, code = 413, "payload_too_large"
 
@@ -89,6 +95,7 @@ __all__ = [
     "BadRequest",
     "CapacityExceeded",
     "Conflict",
+    "EpisodeBusy",
     "EpisodeFailure",
     "EpisodeLost",
     "EvaluateOnly",

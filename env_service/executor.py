@@ -57,6 +57,7 @@ import copy
 import gc
 import json
 import keyword
+import logging
 import math
 import os
 import re
@@ -72,6 +73,8 @@ from typing import Any
 from env_service import _bfcl
 from env_service.calls import ToolCall, backend_class, format_call_string, public_method_names
 from env_service.vocabulary import EXECUTION_ERROR_PREFIX
+
+log = logging.getLogger(__name__)
 
 # bfcl's _process_method_calls pattern: an identifier directly followed by "(".
 _METHOD_CALL_PATTERN = re.compile(r"\b([a-zA-Z_]\w*)\s*(?=\()")
@@ -157,16 +160,18 @@ def time_limit(seconds: float | None, memory_bytes: int | None = None):
         raise CallOverBudget(why)
 
 
+_CLIP_MARKER = "\n[TRUNCATED: {left} more bytes; the environment returns at most {limit} bytes per reply]"
+
+
 def clip_text(text: str, max_bytes: int) -> str:
-    """``text`` cut to ``max_bytes`` of UTF-8 with a marker saying how much was left out."""
+    """``text`` cut to ``max_bytes`` of UTF-8, the marker saying how much was left out included (so a clipped
+    text clipped again is unchanged, and a reply is never over its limit because of the marker)."""
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= max_bytes:
         return text
-    kept = data[:max_bytes].decode("utf-8", "ignore")
-    return (
-        f"{kept}\n[TRUNCATED: {len(data) - len(kept.encode('utf-8'))} more bytes; the environment "
-        f"returns at most {max_bytes} bytes per reply]"
-    )
+    room = max(max_bytes - len(_CLIP_MARKER.format(left=len(data), limit=max_bytes).encode()), 0)
+    kept = data[:room].decode("utf-8", "ignore")
+    return kept + _CLIP_MARKER.format(left=len(data) - len(kept.encode("utf-8")), limit=max_bytes)
 
 
 def clip_texts(texts: list[str], max_bytes: int) -> list[str]:
@@ -482,6 +487,21 @@ class BackendSession:
         problem (unknown name, bad arguments, backend exception) is reported in the returned string.
         """
         self._check_open()
+        try:
+            return self._execute(call, time_limit_s, memory_limit_bytes)
+        except (ToolNotAvailable, CallOverBudget):
+            raise
+        except (RecursionError, MemoryError) as error:
+            # Model text can be shaped to exhaust the parser's or our checks' depth (a tool name of 5,000
+            # chained attributes): the same text for the episode and the verifier's replay, never a 500.
+            return (
+                f"{EXECUTION_ERROR_PREFIX}the call is too deeply nested or too large to read ({type(error).__name__})"
+            )
+        except Exception as error:  # noqa: BLE001 - anything model text can trigger is the model's error
+            log.warning("call %.80r raised %r; answered as an execution error", call.name, error)
+            return f"{EXECUTION_ERROR_PREFIX}the call could not be read ({type(error).__name__})"
+
+    def _execute(self, call: ToolCall, time_limit_s: float | None, memory_limit_bytes: int | None) -> str:
         name, arguments = call.name, call.arguments
         if type(name) is not str:
             return f"{EXECUTION_ERROR_PREFIX}tool name must be a string, got {type(name).__name__}"

@@ -8,8 +8,9 @@ Concurrency model (the released environment keeps one Ray actor per episode; we 
 
 * ``_lock`` guards the instance dict and the counters only; it is never held while an episode works,
   so one slow step never blocks the creation or stepping of other episodes.
-* each live episode has its own lock, so concurrent requests for the *same* episode are serialised
-  (a client retry racing its original request must not interleave two steps);
+* each live episode has its own lock, taken without waiting: a request on an episode that is busy with
+  another one is refused at once (409 ``episode_busy``; a client retry racing its original request must not
+  interleave two steps, and a waiting request would hold one of the service's shared threads);
 * with ``workers > 0`` the episodes themselves live in worker processes (``workers.py``): the slot holds
   a handle, time budgets can interrupt backend calls there, and an episode whose worker had to be
   replaced fails with :class:`EpisodeLost` while every other episode goes on.
@@ -19,8 +20,9 @@ code); the service maps them to 4xx bodies ``{"error": code, "detail": message}`
 episode is a bug on our side: it is logged with its traceback and surfaces as :class:`EpisodeFailure`
 (500, short message, no traceback).
 
-Retries are made safe here rather than in the client: ``create`` with an explicit ``instance_id`` that
-already exists with the same request and no steps is answered again (the first response was lost),
+Instance ids are minted here (unguessable, never reused) and an episode answers only its owner. Retries are
+made safe here rather than in the client: a ``create`` whose ``request_id`` (the caller's key) started a live
+episode with the same request and no steps is answered again (the first response was lost),
 and ``step`` takes an optional ``seq`` (the 0-based index of the step); a retried step whose ``seq``
 was already applied gets the cached response instead of advancing the episode twice.
 """
@@ -30,9 +32,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import secrets
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,7 @@ from env_service.errors import (
     BadRequest,
     CapacityExceeded,
     Conflict,
+    EpisodeBusy,
     EpisodeFailure,
     EpisodeLost,
     EvaluateOnly,
@@ -69,9 +72,8 @@ MAX_CONTENT_BYTES = 256 * 1024
 MAX_PROFILE_BYTES = 1024 * 1024
 #: Longest caller-chosen instance id; ids end up in logs and dict keys.
 MAX_INSTANCE_ID_LEN = 200
-#: How long a request waits for another request on the same episode before giving up with 409.
-EPISODE_LOCK_TIMEOUT_S = 120.0
-#: Runs whose failure profiles are kept at once (the least recently pushed is dropped beyond).
+#: Runs whose failure profiles are kept at once (beyond, the least recently pushed of a run without live
+#: episodes is dropped; when every run has live episodes a new run's push is refused).
 MAX_RUN_PROFILES = 64
 #: Evaluations of released episodes kept for retried ``evaluate`` calls (a lost response), and for how long.
 EVALUATION_CACHE_SIZE = 2048
@@ -167,7 +169,10 @@ class _Slot:
     last_step: dict | None = None  # cached response of step ``steps - 1`` (for retried steps)
     last_content: str | None = None
     closed: bool = False  # released or reclaimed; set under ``lock``
-    owner: str | None = None  # the run (or client address) that created it
+    close_pending: bool = False  # released while a request held ``lock``: that request closes it
+    owner: str | None = None  # the run (or client address) that created it; no one else may use it
+    request_key: tuple | None = None  # (owner, request_id) of the create that started it
+    run_id: str | None = None  # whose failure profile it got
 
 
 class EpisodeManager:
@@ -205,6 +210,7 @@ class EpisodeManager:
         self._started = clock()
         self._lock = threading.Lock()
         self._slots: dict[str, _Slot] = {}
+        self._requests: dict[tuple, _Slot] = {}  # (owner, request_id) -> the live episode that create started
         # run id ("" for requests that name none) -> {"profile", "version", "updated_at"}, oldest push first
         self._profiles: OrderedDict[str, dict] = OrderedDict()
         self._profile_version = 0
@@ -242,10 +248,17 @@ class EpisodeManager:
         self.warm_up()
         return self._known_tasks
 
-    def _slot(self, instance_id: Any) -> _Slot:
+    @staticmethod
+    def _may_use(slot: _Slot, owner: str | None) -> bool:
+        """Only the owner that created an episode may use it (``owner`` None: a trusted in-process caller)."""
+        return owner is None or slot.owner == owner
+
+    def _slot(self, instance_id: Any, owner: str | None = None) -> _Slot:
         instance_id = check_instance_id(instance_id)
         with self._lock:
             slot = self._slots.get(instance_id)
+        if slot is not None and not self._may_use(slot, owner):
+            slot = None  # answered like an unknown id: another run's requests learn nothing of it
         if slot is None:
             raise UnknownInstance(
                 f"unknown instance_id {instance_id!r}: never created, already released, or "
@@ -258,14 +271,22 @@ class EpisodeManager:
         slot.last_access = self._clock()
 
     def _acquire(self, slot: _Slot) -> None:
-        if not slot.lock.acquire(timeout=EPISODE_LOCK_TIMEOUT_S):
-            raise Conflict(
-                f"episode {slot.instance_id!r} is busy with another request for more than "
-                f"{EPISODE_LOCK_TIMEOUT_S:.0f} s; send one request per episode at a time"
+        # Never wait: a waiting request would hold one of the service's shared threads, and 80 requests
+        # queued on one episode would starve every other episode of them.
+        if not slot.lock.acquire(blocking=False):
+            raise EpisodeBusy(
+                f"episode {slot.instance_id!r} is busy with another request; send one request per episode "
+                f"at a time (retry once it has answered)"
             )
-        if slot.closed:  # released while this request waited for the lock
-            slot.lock.release()
-            raise UnknownInstance(f"episode {slot.instance_id!r} was released while this request waited")
+        if slot.closed:  # released just before
+            self._unlock(slot)
+            raise UnknownInstance(f"episode {slot.instance_id!r} was released")
+
+    def _unlock(self, slot: _Slot) -> None:
+        """Release the slot's lock; a release that came while the request ran closes the episode now."""
+        slot.lock.release()
+        if slot.close_pending:
+            self._close(slot)
 
     def _guard(self, what: str, slot: _Slot, fn, *args):
         """Run an episode method; unexpected exceptions become EpisodeFailure (logged, 500)."""
@@ -289,8 +310,7 @@ class EpisodeManager:
     def _drop_lost(self, slot: _Slot) -> None:
         """Forget an episode whose worker was replaced (the caller holds the slot's lock)."""
         with self._lock:
-            if self._slots.get(slot.instance_id) is slot:
-                del self._slots[slot.instance_id]
+            self._unlist(slot)
             self._counts["episodes_lost"] += 1
         slot.closed = True
         log.warning("episode %s (task %s) lost with its worker", slot.instance_id, slot.task_id)
@@ -302,15 +322,18 @@ class EpisodeManager:
         task_id: Any,
         mode: Any,
         params: Any = None,
-        instance_id: Any = None,
+        request_id: Any = None,
         owner: str | None = None,
         run_id: str | None = None,
         memory_snapshot: Any = None,
     ) -> dict:
         """Start an episode; returns ``{"instance_id", "messages", "info"}``.
 
-        ``owner``: whom the episode counts against (the service passes the run id, else the client
-        address). ``run_id``: whose failure profile a TRAIN episode gets (see ``set_profile``).
+        The instance id is minted here, unguessable and never reused, so nothing kept for one episode (a cached
+        evaluation) can answer for another. ``request_id``: the caller's key for this create, so that a retry
+        whose first response was lost gets the same episode back (while it is live and not stepped).
+        ``owner``: whom the episode counts against and who alone may use it (the service passes the run
+        id, else the client address). ``run_id``: whose failure profile a TRAIN episode gets (see ``set_profile``).
         ``memory_snapshot``: the memory an OOD memory episode starts from (what the evaluation of the previous
         prerequisite conversation of its scenario handed back).
         """
@@ -325,13 +348,13 @@ class EpisodeManager:
         fingerprint = _request_fingerprint(task_id, mode, params)
         if memory_snapshot is not None:  # a retried create must carry the same memory
             fingerprint += json.dumps(memory_snapshot, sort_keys=True)
-        if instance_id is not None:
-            instance_id = check_instance_id(instance_id)
-            replay = self._replayed_create(instance_id, fingerprint)
+        request_key = None
+        if request_id is not None:
+            request_key = (owner, check_instance_id(request_id, what="request_id"))
+            replay = self._replayed_create(request_key, fingerprint)
             if replay is not None:
                 return replay
-        else:
-            instance_id = f"ep_{uuid.uuid4().hex}"
+        instance_id = f"ep_{secrets.token_hex(16)}"
         self._ensure_capacity(owner)
 
         task = self._load_task(task_id)
@@ -352,14 +375,16 @@ class EpisodeManager:
             info = {**extra, **info}
         initial = json_safe({"instance_id": instance_id, "messages": messages, "info": info})
         now = self._clock()
-        self._register(_Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner))
+        slot = _Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner)
+        slot.request_key, slot.run_id = request_key, run_id
+        self._register(slot)
         return copy.deepcopy(initial)
 
     def _register(self, slot: _Slot) -> None:
         """Insert a new slot; the capacity and id checks are repeated under the lock (races)."""
         with self._lock:
-            if slot.instance_id in self._slots:
-                problem: ManagerError | None = Conflict(f"instance_id {slot.instance_id!r} already exists")
+            if slot.request_key is not None and slot.request_key in self._requests:
+                problem: ManagerError | None = Conflict(f"request_id {slot.request_key[1]!r} is already in use")
             elif len(self._slots) >= self.max_episodes:
                 problem = CapacityExceeded(
                     f"{len(self._slots)} live episodes (limit {self.max_episodes}); "
@@ -370,6 +395,8 @@ class EpisodeManager:
             else:
                 problem = None
                 self._slots[slot.instance_id] = slot
+                if slot.request_key is not None:
+                    self._requests[slot.request_key] = slot
                 self._counts["created"] += 1
         if problem is not None:
             self._close(slot)
@@ -429,18 +456,25 @@ class EpisodeManager:
         except (KeyError, ValueError) as error:
             raise UnknownTask(str(error).strip("'\"")) from None
 
-    def _replayed_create(self, instance_id: str, fingerprint: str) -> dict | None:
+    def _replayed_create(self, request_key: tuple, fingerprint: str) -> dict | None:
         with self._lock:
-            slot = self._slots.get(instance_id)
+            slot = self._requests.get(request_key)
         if slot is None:
             return None
         if slot.fingerprint == fingerprint and slot.steps == 0:
             slot.last_access = self._clock()
             return copy.deepcopy(slot.initial)
         raise Conflict(
-            f"instance_id {instance_id!r} already exists (with a different request or already "
-            f"stepped); choose a new id or release the old episode"
+            f"request_id {request_key[1]!r} already started an episode (with a different request, or "
+            f"already stepped); choose a new request id or release the old episode"
         )
+
+    def _unlist(self, slot: _Slot) -> None:
+        """Take a slot out of the registry (call with ``_lock`` held)."""
+        if self._slots.get(slot.instance_id) is slot:
+            del self._slots[slot.instance_id]
+        if slot.request_key is not None and self._requests.get(slot.request_key) is slot:
+            del self._requests[slot.request_key]
 
     def _owned(self, owner: str | None) -> int:
         """Live episodes of ``owner`` (call with ``_lock`` held)."""
@@ -469,7 +503,7 @@ class EpisodeManager:
 
     # -- step ----------------------------------------------------------------------------------
 
-    def step(self, instance_id: Any, content: Any, seq: Any = None) -> dict:
+    def step(self, instance_id: Any, content: Any, seq: Any = None, owner: str | None = None) -> dict:
         """Apply one assistant message; returns ``{"message", "extra_messages", "terminated", "info"}``.
 
         ``seq`` (optional): the 0-based index of this step. A retry of the step just applied is
@@ -478,7 +512,7 @@ class EpisodeManager:
         content = _check_content(content)
         if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
             raise BadRequest(f"'seq' must be a non-negative integer or null, got {seq!r}")
-        slot = self._slot(instance_id)
+        slot = self._slot(instance_id, owner)
         self._acquire(slot)
         try:
             cached = self._check_seq(slot, seq, content)
@@ -495,7 +529,7 @@ class EpisodeManager:
             slot.last_step, slot.last_content = result, content
             self._touch(slot)
         finally:
-            slot.lock.release()
+            self._unlock(slot)
         self._count("steps")
         return copy.deepcopy(result)
 
@@ -526,7 +560,7 @@ class EpisodeManager:
 
     # -- evaluate / release --------------------------------------------------------------------
 
-    def evaluate(self, instance_id: Any, reward: Any = None, release: bool = False) -> dict:
+    def evaluate(self, instance_id: Any, reward: Any = None, release: bool = False, owner: str | None = None) -> dict:
         """The episode's evaluation (verdict, reward, tags, ...); may be called more than once.
 
         ``release=True`` also releases the episode once evaluated: the usual end of an episode in one
@@ -534,9 +568,9 @@ class EpisodeManager:
         after a lost response gets the same answer instead of 404.
         """
         reward_cfg = _reward_config(reward)
-        fingerprint = json.dumps(reward, sort_keys=True, default=str)
+        fingerprint = json.dumps([owner, reward], sort_keys=True, default=str)
         try:
-            slot = self._slot(instance_id)
+            slot = self._slot(instance_id, owner)
             self._acquire(slot)
         except UnknownInstance:
             cached = self._earlier_evaluation(instance_id, fingerprint)
@@ -547,16 +581,15 @@ class EpisodeManager:
             result = json_safe(self._guard("evaluate", slot, slot.episode.evaluate, reward_cfg))
             self._touch(slot)
         finally:
-            slot.lock.release()
+            self._unlock(slot)
         self._count("evaluations")
         if release:
             self._remember_evaluation(slot.instance_id, fingerprint, result)
-            self.release(instance_id)
+            self.release(instance_id, owner)
         return copy.deepcopy(result) if release else result
 
     def _remember_evaluation(self, instance_id: str, fingerprint: str, result: dict) -> None:
         with self._lock:
-            self._evaluated.pop(instance_id, None)  # an id created again: keep the order = expiry order
             self._evaluated[instance_id] = (fingerprint, result, self._clock() + EVALUATION_CACHE_TTL_S)
             while len(self._evaluated) > EVALUATION_CACHE_SIZE:
                 self._evaluated.popitem(last=False)
@@ -572,28 +605,35 @@ class EpisodeManager:
             return None
         return copy.deepcopy(kept[1])
 
-    def release(self, instance_id: Any) -> bool:
+    def release(self, instance_id: Any, owner: str | None = None) -> bool:
         """Forget an episode; False when it was not live (already released or reclaimed)."""
         instance_id = check_instance_id(instance_id)
         with self._lock:
-            slot = self._slots.pop(instance_id, None)
+            slot = self._slots.get(instance_id)
+            if slot is not None and not self._may_use(slot, owner):
+                slot = None
             if slot is not None:
+                self._unlist(slot)
                 self._counts["released"] += 1
         if slot is None:
             return False
         self._close(slot)
         return True
 
-    def _close(self, slot: _Slot, wait_s: float = EPISODE_LOCK_TIMEOUT_S) -> None:
+    def _close(self, slot: _Slot) -> None:
         """Free the episode's backends early (the slot is already out of the dict).
 
-        Waits for a request still running on it, so a release racing a step never pulls the backends
-        from under it; if that request hangs, the episode is left to the garbage collector instead.
+        A release racing a request on the episode never pulls the backends from under it, and never waits
+        for it (which would hold a shared thread): the request closes the episode when done (``_unlock``).
         """
         close = getattr(slot.episode, "close", None) or (lambda: None)
-        if not slot.lock.acquire(timeout=wait_s):
-            return
+        if not slot.lock.acquire(blocking=False):
+            slot.close_pending = True
+            if not slot.lock.acquire(blocking=False):  # still held: its holder sees the flag when done
+                return
         try:
+            if slot.closed:
+                return
             slot.closed = True
             close()
         except Exception:  # noqa: BLE001 - closing is best effort
@@ -615,7 +655,7 @@ class EpisodeManager:
                 # A slot whose lock is held is in use right now: not idle, whatever its timestamp.
                 if slot.lock.acquire(blocking=False):
                     slot.lock.release()
-                    del self._slots[slot.instance_id]
+                    self._unlist(slot)
                     reclaimed.append(slot)
             self._counts["reclaimed"] += len(reclaimed)
         for slot in reclaimed:
@@ -642,14 +682,28 @@ class EpisodeManager:
             raise PayloadTooLarge(f"profile is {len(encoded)} bytes; the limit is {MAX_PROFILE_BYTES} bytes")
         key = run_id or ""
         with self._lock:
+            if key not in self._profiles and not self._room_for_profile():
+                raise CapacityExceeded(
+                    f"{MAX_RUN_PROFILES} runs with live episodes hold failure profiles already; retry later"
+                )
             # Episodes get their own copy (get_profile), so one stored copy is enough.
             self._profile_version += 1
             version = self._profile_version
             self._profiles.pop(key, None)
             self._profiles[key] = {"profile": json.loads(encoded), "version": version, "updated_at": time.time()}
-            while len(self._profiles) > MAX_RUN_PROFILES:
-                self._profiles.popitem(last=False)
         return {"version": version}
+
+    def _room_for_profile(self) -> bool:
+        """Make room for one more run's profile (call with ``_lock`` held): drop the least recently pushed one
+        whose run has no live episodes; never one whose episodes are running (they would lose their cues)."""
+        if len(self._profiles) < MAX_RUN_PROFILES:
+            return True
+        live_runs = {slot.run_id or "" for slot in self._slots.values()}
+        idle = next((key for key in self._profiles if key not in live_runs), None)
+        if idle is None:
+            return False
+        del self._profiles[idle]
+        return True
 
     def get_profile(self, run_id: str | None = None) -> dict:
         """The run's latest profile: ``{"profile", "version", "updated_at"}`` (None / 0 / None if never pushed)."""
@@ -696,6 +750,7 @@ class EpisodeManager:
         with self._lock:
             slots = list(self._slots.values())
             self._slots.clear()
+            self._requests.clear()
             self._counts["released"] += len(slots)
         if self._pool is not None:  # stopping the workers frees everything; a hung one must not delay it
             for slot in slots:
@@ -703,7 +758,7 @@ class EpisodeManager:
             self._pool.close()
             return len(slots)
         for slot in slots:
-            self._close(slot, wait_s=0.0)  # shutdown must not wait for a hung request
+            self._close(slot)  # never waits for a hung request
         return len(slots)
 
 

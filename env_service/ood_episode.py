@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from env_service import _bfcl, prompts, tasks
+from env_service import _bfcl, prompts, tasks, web_guard
 from env_service.calls import backend_class
 from env_service.config import EnvConfig, RewardConfig, ServiceLimits
 from env_service.episode import Episode, StepResult
@@ -45,6 +45,7 @@ from env_service.ood_tasks import (
     load_ood_task,
     unavailable_reason,
 )
+from env_service.scratch import scratch_root
 from env_service.vocabulary import MODE_TRAIN, MODE_VALIDATE, STEP_PARSE_ERROR
 
 #: bfcl's error type when no message without a tool call exists (``_evaluate_single_agentic_entry``).
@@ -95,7 +96,8 @@ class OodEpisode(Episode):
         self._snapshot_in = check_snapshot(memory_snapshot)
         self._snapshot_out: dict | None = None
         self._answers: list[str] = []  # the messages that ran no tool call, in order
-        self._scratch = tempfile.mkdtemp(prefix="seal-ood-")
+        # Inside the service's scratch root, so a killed worker's folders go when the service stops.
+        self._scratch = tempfile.mkdtemp(prefix="seal-ood-", dir=scratch_root())
         try:
             super().__init__(task, mode, config, None, limits)
         except BaseException:
@@ -124,6 +126,7 @@ class OodEpisode(Episode):
             config = {"model_result_dir": root, "scenario": task.scenario, "test_id": task.id}
             instance._load_scenario({**config, "test_category": task.category})
         else:
+            web_guard.install()  # page fetches: public addresses only, within a time and size budget
             instance._load_scenario({"show_snippet": "no_snippet" not in task.category})
         return BackendSession(task, allowed=self._allowed_names(), instances={task.backend: instance})
 

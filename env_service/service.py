@@ -3,7 +3,7 @@
 Endpoints (routes built from :data:`env_service.endpoints.ENDPOINTS`; JSON bodies; responses are JSON; errors are ``{"error": code, "detail": message}``):
 
 =================  ==========================================================  =====================
-``POST /create``   ``{task_id, mode: "train"|"validate", params: {}, instance_id?}``  ``{instance_id, messages, info}``
+``POST /create``   ``{task_id, mode: "train"|"validate", params: {}, request_id?}``   ``{instance_id, messages, info}``
 ``POST /step``     ``{instance_id, content, seq?}``                             ``{message, terminated, info}``
 ``POST /evaluate`` ``{instance_id, reward?, release?}``                         the evaluation dict
 ``POST /release``  ``{instance_id}``                                            ``{released: bool}``
@@ -12,10 +12,12 @@ Endpoints (routes built from :data:`env_service.endpoints.ENDPOINTS`; JSON bodie
 ``GET /health``    (alias ``/healthz``)                                         ``{status: "ok", live, created, ...}``
 =================  ==========================================================  =====================
 
-Status codes: 400 bad request, 404 unknown task / instance / route, 409 conflict (duplicate id,
-stepping a finished episode, wrong ``seq``), 413 body or content too large, 422 malformed JSON, wrong
-field types or invalid config, 503 too many live episodes, 500 only for a bug on our side (short
-message; the traceback goes to the server log, never into the response).
+Status codes: 400 bad request, 404 unknown task / instance / route (an episode of another owner reads as
+unknown), 409 conflict (a request id reused for another request, stepping a finished episode, wrong ``seq``;
+``episode_busy`` while another request on the episode runs), 413 body or content too large, 422 malformed JSON,
+wrong field types or invalid config, 429 too many requests in flight for one owner or too many run ids for one
+address, 503 too many live episodes or connections, 500 only for a bug on our side (short message; the traceback
+goes to the server log, never into the response).
 
 Compared with the released environment's service: typed per-endpoint bodies instead of one generic envelope, no
 ``{"success", "data"}`` wrapper, errors never carry tracebacks, and episode work runs in a thread pool
@@ -25,6 +27,7 @@ Compared with the released environment's service: typed per-endpoint bodies inst
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import inspect
@@ -54,9 +57,10 @@ log = logging.getLogger(__name__)
 #: Largest request body read at all. The assistant content limit (manager.MAX_CONTENT_BYTES, 256 KiB)
 #: applies after decoding; JSON escapes can inflate text up to 6x, hence the margin.
 MAX_BODY_BYTES = 2 * 1024 * 1024
-#: Threads that may run episode work at once. More than the trainer's concurrency (32) so that a few
-#: slow long-context steps never queue the rest behind them; the GIL bounds real parallelism anyway.
-WORKER_THREADS = 64
+#: Threads that may run episode work at once. Well above the trainer's concurrency (32) so that a few
+#: slow long-context steps never queue the rest behind them, and above one owner's cap
+#: (``HttpLimits.max_requests_per_owner``) so one owner never holds them all; the GIL bounds real parallelism anyway.
+WORKER_THREADS = 128
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8082
@@ -81,6 +85,17 @@ class HttpLimits:
     read_timeout_s: float = 30.0
     keep_alive_s: float = 75.0
     max_connections: int = 2048
+    # Open connections of one client address. Beyond it, or when all connections together near
+    # ``max_connections``, idle kept-alive connections are closed first (the biggest holder's oldest), so a
+    # client hoarding connections cannot lock the others out; a new one is refused (503) only when none is idle.
+    max_connections_per_peer: int = 1024
+    # Requests of one owner (run, else client address) in flight at once; more are refused (429) before they
+    # take a thread. Above the trainer's rollout concurrency (32) with room, below WORKER_THREADS, so one owner
+    # can never hold every thread that the other episodes need.
+    max_requests_per_owner: int = 96
+    # Run ids one client address may use at once (one not seen for the manager's idle timeout is forgotten):
+    # per-run limits cannot be dodged by minting run ids. A trainer uses one per run.
+    max_run_ids_per_peer: int = 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,17 +177,51 @@ def guarded_protocol(limits: HttpLimits):
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    # peer address -> its open connections, oldest first (dicts keep insertion order). Only the event loop
+    # touches it: no lock.
+    open_by_peer: dict[str, dict] = collections.defaultdict(dict)
+    shed_at = max(limits.max_connections - max(limits.max_connections // 16, 1), 1)
+
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._in_headers, self._header_bytes, self._header_count = True, 0, 0
             self._refusal: tuple[int, str, str] | None = None
             self._read_timer = None
+            self._peer = (transport.get_extra_info("peername") or ("?",))[0]
+            if not self._make_room():
+                return self._refuse(
+                    503,
+                    "too_many_connections",
+                    f"this address holds {limits.max_connections_per_peer} busy connections",
+                )
+            open_by_peer[self._peer][self] = None
             self._arm_read_timer()  # a connection that never sends a request is dropped too
 
         def connection_lost(self, exc) -> None:
             self._disarm_read_timer()
+            mine = open_by_peer.get(self._peer)
+            if mine is not None:
+                mine.pop(self, None)
+                if not mine:
+                    del open_by_peer[self._peer]
             super().connection_lost(exc)
+
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _make_room(self) -> bool:
+            """Below this peer's cap, and the global shedding point, with room to spare: close idle connections
+            (this peer's own first, then the biggest holder's) until there is; False when none is idle."""
+            mine = open_by_peer.get(self._peer, {})
+            while len(mine) >= limits.max_connections_per_peer:
+                if not _shed_one(mine):
+                    return False
+            while sum(len(c) for c in open_by_peer.values()) >= shed_at:
+                biggest = max(open_by_peer.values(), key=len)
+                if not _shed_one(biggest):
+                    break  # nothing idle to shed: uvicorn's own limit answers 503 beyond max_connections
+            return True
 
         def data_received(self, data: bytes) -> None:
             while data and not self.transport.is_closing():
@@ -244,6 +293,15 @@ def guarded_protocol(limits: HttpLimits):
             if not self.transport.is_closing():
                 self.transport.write(_raw_error(status, code, detail))
                 self.transport.close()
+
+    def _shed_one(connections: dict) -> bool:
+        """Close the oldest idle connection of ``connections``; False when every one is busy."""
+        idle = next((c for c in connections if c._idle() and not c.transport.is_closing()), None)
+        if idle is None:
+            return False
+        connections.pop(idle)
+        idle.transport.close()
+        return True
 
     return GuardedHttpToolsProtocol
 
@@ -333,9 +391,40 @@ def _run_id(request: Request) -> str | None:
     return None if value is None else check_instance_id(value, what="run id")
 
 
+def _peer(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+class RunIdsPerPeer:
+    """The run ids each client address used lately, at most ``limit`` at once (see ``HttpLimits``)."""
+
+    def __init__(self, limit: int, forget_after_s: float, clock=time.monotonic):
+        self.limit, self.forget_after_s, self._clock = limit, forget_after_s, clock
+        self._seen: dict[str, collections.OrderedDict[str, float]] = {}  # peer -> run id -> last seen
+        self.refusal = (
+            f"this client address uses {limit} run ids already, its limit; reuse one (a run id is forgotten "
+            f"{forget_after_s:g} s after its last request)"
+        )
+
+    def admit(self, peer: str, run_id: str) -> bool:
+        now = self._clock()
+        seen = self._seen.setdefault(peer, collections.OrderedDict())
+        if run_id not in seen:
+            while seen and next(iter(seen.values())) < now - self.forget_after_s:
+                seen.popitem(last=False)  # oldest first: entries are in last-seen order
+            if len(seen) >= self.limit:
+                return False
+        seen[run_id] = now
+        seen.move_to_end(run_id)
+        return True
+
+
 def _owner(request: Request, run_id: str | None) -> str:
-    """Whom per-client limits count against: the run, else the client's address."""
-    return run_id if run_id is not None else f"addr:{request.client.host if request.client else '?'}"
+    """Whom per-client limits count against and who may use an episode: the run, else the client's address.
+
+    Each source has its own prefix, so a run id spelled like an address (``addr:127.0.0.1``) is another owner.
+    """
+    return f"run:{run_id}" if run_id is not None else f"addr:{_peer(request)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,6 +470,9 @@ def create_app(
     )
     app.state.manager = manager
     app.state.limiter = None
+    app.state.http_limits = limits
+    app.state.in_flight = collections.Counter()  # owner -> requests in flight
+    app.state.run_ids = RunIdsPerPeer(limits.max_run_ids_per_peer, manager.idle_timeout_s)
     app.state.service_id = service_id
     app.add_middleware(BodyLimitMiddleware, limit=limits.max_body_bytes)
     if secret:  # added last: outermost, so the secret is checked before a body is read
@@ -418,11 +510,23 @@ def _route(manager: EpisodeManager, endpoint: Endpoint):
     """The route function of ``endpoint``: ``(body, request)`` for a POST, ``(request)`` for a GET."""
 
     async def route(request: Request, body: BaseModel | None = None):
-        caller = Caller(None, "")
-        if endpoint.caller:  # validated here: a bad run id header is a 400 before any work
-            run_id = _run_id(request)
-            caller = Caller(run_id, _owner(request, run_id))
-        return await _run(request, endpoint, manager, {} if body is None else dict(body), caller)
+        run_id = _run_id(request)  # validated here: a bad run id header is a 400 before any work
+        if run_id is not None and not request.app.state.run_ids.admit(_peer(request), run_id):
+            manager.note_client_error()
+            return _error(429, "too_many_run_ids", request.app.state.run_ids.refusal)
+        caller = Caller(run_id, _owner(request, run_id))
+        # Counted on the event loop (one thread): no lock needed.
+        in_flight, limit = request.app.state.in_flight, request.app.state.http_limits.max_requests_per_owner
+        if in_flight[caller.owner] >= limit:
+            manager.note_client_error()
+            return _error(429, "too_many_requests", f"{limit} requests of this client are in flight already; wait")
+        in_flight[caller.owner] += 1
+        try:
+            return await _run(request, endpoint, manager, {} if body is None else dict(body), caller)
+        finally:
+            in_flight[caller.owner] -= 1
+            if not in_flight[caller.owner]:
+                del in_flight[caller.owner]
 
     parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)]
     if endpoint.body is not None:  # FastAPI reads the body model from the signature
@@ -581,7 +685,7 @@ class ServerThread:
     def _run(self) -> None:
         self.server.run(sockets=[self._socket])
 
-    def start(self, timeout_s: float = 30.0) -> ServerThread:
+    def start(self, timeout_s: float = 120.0) -> ServerThread:  # start-up loads the task table in every worker
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:

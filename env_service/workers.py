@@ -13,16 +13,24 @@ busy with budget-exhausting messages gets no new episodes while another one has 
 Inside a worker, calls run on the main thread, where the episode's time budgets interrupt them
 (:func:`~env_service.executor.time_limit`). The parent waits for each answer at most the request's budget
 plus ``worker_grace_s``; a worker that does not answer by then (work a timer cannot interrupt, a crash, the
-memory cap) is killed and replaced, and only the episodes it held fail, with :class:`WorkerLost`. Requests
+memory cap) is killed and replaced. Only the episode whose request it died on fails, with :class:`WorkerLost`:
+the other episodes it held are rebuilt on the replacement by replaying their messages (each reply checked
+against the one the client got; within ``replay_budget_s``), so a worker loss is invisible to them. Requests
 to one worker are serialised by a lock in the parent, so the pipe carries one request at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import os
+import select
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -36,6 +44,7 @@ from typing import Any
 from env_service import tasks
 from env_service.config import ServiceLimits
 from env_service.ood_episode import load_any_task, new_episode
+from env_service.scratch import SCRATCH_ENV, make_scratch_root
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,11 @@ QUEUE_TIMEOUT_S = 300.0
 SHORT_REQUEST_S = 10.0
 #: The window over which a worker's busy share is measured when placing new episodes.
 BUSY_WINDOW_S = 5.0
+#: A worker's heartbeat thread beats this often; a worker silent for HEARTBEAT_TIMEOUT_S is not answering
+#: (stopped, or stuck in C code that holds the interpreter), whatever it is doing.
+HEARTBEAT_INTERVAL_S = 0.25
+HEARTBEAT_TIMEOUT_S = 2.0
+_BEAT = struct.Struct("d")  # one beat: the worker's time.monotonic() (system-wide on Linux)
 
 
 class WorkerLost(Exception):
@@ -78,8 +92,18 @@ def _limit_memory(mib: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def _worker_main(conn) -> None:
+def _beat_forever(beats: socket.socket) -> None:
+    """The worker's heartbeat (a daemon thread): it needs the interpreter, so a stopped or stuck worker goes silent."""
+    beats.setblocking(False)
+    while True:
+        with contextlib.suppress(BlockingIOError):  # the parent reads continuously; a full buffer is a missed beat
+            beats.send(_BEAT.pack(time.monotonic()))
+        time.sleep(HEARTBEAT_INTERVAL_S)
+
+
+def _worker_main(conn, beats: socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the service, which then stops us
+    threading.Thread(target=_beat_forever, args=(beats,), name="heartbeat", daemon=True).start()
     limits: ServiceLimits = conn.recv()
     ids = tasks.task_ids("all")
     tasks.load_task(ids[0])  # the whole table, once
@@ -135,8 +159,10 @@ class _Worker:
     busy_since: float | None = None
     recent: deque = field(default_factory=deque)  # (end, seconds busy) of requests in the last window
     busy_deadline_s: float = 0.0
-    episodes: set = field(default_factory=set)
+    episodes: dict = field(default_factory=dict)  # key -> its RemoteEpisode (None while being created)
     restarts: int = 0
+    beats: Any = None  # our end of the heartbeat socket
+    last_beat: float = 0.0  # time.monotonic() of the worker's last heartbeat
 
 
 class WorkerPool:
@@ -149,6 +175,8 @@ class WorkerPool:
         self._workers = [_Worker(i) for i in range(n)]
         self._state = threading.Lock()  # guards episode sets and the started flag
         self._started = False
+        self._monitor = _HeartbeatMonitor()
+        self.scratch = make_scratch_root()
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -169,18 +197,35 @@ class WorkerPool:
 
     def _launch(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair()
+        beats_ours, beats_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         package_root = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+            SCRATCH_ENV: self._worker_scratch(worker),
+        }
         process = subprocess.Popen(
-            [sys.executable, "-m", "env_service.workers", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
+            [sys.executable, "-m", "env_service.workers", str(theirs.fileno()), str(beats_theirs.fileno())],
+            pass_fds=[theirs.fileno(), beats_theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,
         )
         theirs.close()
+        beats_theirs.close()
         conn = Connection(ours.detach())
         conn.send(self.limits)
-        worker.process, worker.conn = process, conn
+        if worker.beats is not None:
+            self._monitor.forget(worker.beats)
+            worker.beats.close()
+        worker.process, worker.conn, worker.beats = process, conn, beats_ours
+        worker.last_beat = time.monotonic()  # start-up counts as alive until the first beat is due
+        self._monitor.watch(worker)
+
+    def _worker_scratch(self, worker: _Worker) -> str:
+        """This generation of the worker's scratch folder inside the service's root (made on first use)."""
+        path = os.path.join(self.scratch, f"worker{worker.index}-{worker.generation}")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def _await_ready(self, worker: _Worker) -> None:
         process, conn = worker.process, worker.conn
@@ -195,10 +240,11 @@ class WorkerPool:
                 f"env worker {worker.index} exited during start-up (exit code {process.wait()}); see its log above"
             ) from None
 
-    def _kill(self, worker: _Worker, why: str) -> None:
-        """Kill and replace ``worker`` (its lock held); its episodes are lost."""
+    def _kill(self, worker: _Worker, why: str, offender: str | None = None) -> None:
+        """Kill and replace ``worker`` (its lock held). The episodes it held but ``offender`` (the one whose request
+        it died on) are rebuilt on the replacement by replaying their messages (see ``_replay``)."""
         log.error(
-            "env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes lost)",
+            "env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes on it)",
             worker.index,
             worker.process.pid,
             why,
@@ -207,32 +253,80 @@ class WorkerPool:
         worker.process.kill()
         worker.process.wait()
         worker.conn.close()
+        shutil.rmtree(self._worker_scratch(worker), ignore_errors=True)  # what its episodes left behind
         with self._state:
+            innocents = [h for k, h in worker.episodes.items() if k != offender and h is not None and h.replayable]
             worker.episodes.clear()
         worker.generation += 1
         worker.restarts += 1
         self._spawn(worker)
+        deadline = time.monotonic() + self.limits.replay_budget_s
+        for handle in innocents:
+            self._replay(worker, handle, deadline)
+
+    def _replay(self, worker: _Worker, handle: RemoteEpisode, deadline: float) -> None:
+        """Rebuild an innocent episode on the fresh ``worker`` (its lock held): create it again and step its accepted
+        messages; an episode is a deterministic function of them, and each reply must match the one its client got.
+        An episode that diverges or cannot finish within the replay budget stays lost (``WorkerLost`` on its next
+        request, with the reason)."""
+        try:
+            self._exchange(worker, deadline, "create", handle._key, *handle._create_args)
+            for content, reply in handle._history:
+                if _reply_fingerprint(self._exchange(worker, deadline, "step", handle._key, content)) != reply:
+                    raise _ReplayFailed("its replay answered differently from the original")
+        except _ReplayFailed as failure:
+            handle.lost_reason = f"its worker was replaced and {failure}"
+            with contextlib.suppress(_ReplayFailed):
+                self._exchange(worker, deadline + SHORT_REQUEST_S, "close", handle._key)
+            log.warning("episode %s not rebuilt: %s", handle._key, handle.lost_reason)
+            return
+        with self._state:
+            worker.episodes[handle._key] = handle
+        handle._generation = worker.generation
+        log.info("episode %s rebuilt on the replacement worker (%d messages)", handle._key, len(handle._history))
+
+    def _exchange(self, worker: _Worker, deadline: float, op: str, key: str, *args):
+        """One request to ``worker`` during a replay (its lock held), answered before ``deadline``."""
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise _ReplayFailed(f"its replay ran past the budget of {self.limits.replay_budget_s:g} s")
+            worker.conn.send((op, key, args))
+            if not worker.conn.poll(remaining):
+                raise _ReplayFailed(f"its replay ran past the budget of {self.limits.replay_budget_s:g} s")
+            ok, payload = worker.conn.recv()
+        except (EOFError, OSError) as error:
+            raise _ReplayFailed(f"its replay lost the new worker ({type(error).__name__})") from None
+        if not ok:
+            raise _ReplayFailed(f"its replay failed ({payload[0]})")
+        return payload
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _request(self, worker: _Worker, generation: int, budget_s: float, op: str, key: str, *args):
+    def _request(self, worker: _Worker, generation, budget_s: float, op: str, key: str, *args):
+        """``generation``: the worker generation the episode lives in, or its handle (read once the lock is held:
+        a replay while this request waited moves the episode to the new generation)."""
         if not worker.lock.acquire(timeout=QUEUE_TIMEOUT_S):
             raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
         try:
+            handle = generation if isinstance(generation, RemoteEpisode) else None
+            if handle is not None:
+                generation = handle._generation
             if worker.generation != generation:
-                raise WorkerLost("the worker holding this episode was replaced")
+                reason = (handle.lost_reason if handle is not None else None) or "the worker holding it was replaced"
+                raise WorkerLost(reason)
             deadline_s = budget_s + self.limits.worker_grace_s
             worker.busy_since, worker.busy_deadline_s = time.monotonic(), deadline_s
             try:
                 worker.conn.send((op, key, args))
                 if not worker.conn.poll(deadline_s):
-                    self._kill(worker, f"no answer to {op} within {deadline_s:g} s")
+                    self._kill(worker, f"no answer to {op} within {deadline_s:g} s", offender=key)
                     raise WorkerLost(
                         f"the episode's worker did not answer {op} within {deadline_s:g} s and was replaced"
                     )
                 ok, payload = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError) as error:
-                self._kill(worker, f"connection lost during {op} ({type(error).__name__})")
+                self._kill(worker, f"connection lost during {op} ({type(error).__name__})", offender=key)
                 raise WorkerLost(f"the episode's worker died during {op} and was replaced") from None
             finally:
                 now = time.monotonic()
@@ -252,7 +346,7 @@ class WorkerPool:
         self.start()
         with self._state:
             worker = self._placement()
-            worker.episodes.add(key)
+            worker.episodes[key] = None
             generation = worker.generation
         try:
             messages, info = self._request(
@@ -260,9 +354,14 @@ class WorkerPool:
             )
         except BaseException:
             with self._state:
-                worker.episodes.discard(key)
+                worker.episodes.pop(key, None)
             raise
-        return RemoteEpisode(self, worker, generation, key, messages, info)
+        handle = RemoteEpisode(self, worker, generation, key, messages, info)
+        handle._create_args = (task_id, mode, config, profile, memory_snapshot)
+        with self._state:
+            if key in worker.episodes:  # not lost while it was being created
+                worker.episodes[key] = handle
+        return handle
 
     def replace_dead(self) -> int:
         """Replace workers that died between requests (their episodes are lost); returns how many."""
@@ -296,7 +395,7 @@ class WorkerPool:
 
     def forget(self, worker: _Worker, key: str) -> None:
         with self._state:
-            worker.episodes.discard(key)
+            worker.episodes.pop(key, None)
 
     # -- health / shutdown ---------------------------------------------------------------------
 
@@ -313,7 +412,10 @@ class WorkerPool:
                     "pid": w.process.pid if w.process else None,
                     "alive": alive,
                     "busy_s": round(busy_s, 3),
-                    "answering": alive and busy_s <= w.busy_deadline_s + 1.0,
+                    "answering": alive
+                    and busy_s <= w.busy_deadline_s + 1.0
+                    and now - w.last_beat <= HEARTBEAT_TIMEOUT_S,
+                    "heartbeat_age_s": round(now - w.last_beat, 3),
                     "episodes": len(w.episodes),
                     "restarts": w.restarts,
                 }
@@ -342,34 +444,118 @@ class WorkerPool:
                     worker.process.kill()
                     worker.process.wait()
             worker.episodes.clear()
+        self._monitor.stop()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class _HeartbeatMonitor:
+    """One daemon thread that reads every worker's heartbeats and records the latest (``_Worker.last_beat``)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._workers: dict[int, _Worker] = {}  # heartbeat socket fd -> worker
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers[worker.beats.fileno()] = worker
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="env-heartbeats", daemon=True)
+                self._thread.start()
+        self._wake_w.send(b".")
+
+    def forget(self, beats: socket.socket) -> None:
+        with self._lock:
+            self._workers.pop(beats.fileno(), None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._workers.clear()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"!")
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                watched = dict(self._workers)
+            try:
+                readable, _, _ = select.select([self._wake_r, *(w.beats for w in watched.values())], [], [], 1.0)
+            except (OSError, ValueError):  # a replaced worker's socket closed under us: look again
+                continue
+            for sock in readable:
+                if sock is self._wake_r:
+                    if b"!" in sock.recv(64):
+                        return
+                    continue
+                self._drain(sock, watched.get(sock.fileno()))
+
+    @staticmethod
+    def _drain(sock: socket.socket, worker: _Worker | None) -> None:
+        try:
+            while True:
+                beat = sock.recv(_BEAT.size, socket.MSG_DONTWAIT)
+                if not beat:
+                    return
+                if worker is not None and len(beat) == _BEAT.size:
+                    worker.last_beat = max(worker.last_beat, _BEAT.unpack(beat)[0])
+        except (BlockingIOError, OSError):
+            return
+
+
+class _ReplayFailed(Exception):
+    """Why an innocent episode could not be rebuilt on a replacement worker."""
+
+
+def _reply_fingerprint(result) -> str:
+    """What the client saw of a step (the reply texts and whether it ended), to check a replay against."""
+    seen = [result.message, result.extra_messages, result.terminated]
+    return hashlib.sha256(json.dumps(seen, sort_keys=True, default=str).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class RemoteEpisode:
-    """The manager's handle on an episode that lives in a worker (the same methods as ``Episode``)."""
+    """The manager's handle on an episode that lives in a worker (the same methods as ``Episode``).
+
+    It keeps what a replay needs (the create arguments, each accepted message with a fingerprint of its reply)
+    while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost.
+    """
 
     def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info):
         self._pool, self._worker, self._generation, self._key = pool, worker, generation, key
         self._messages = messages
         self.info = info
         self.terminated = False
+        self._create_args: tuple = ()
+        self._history: list[tuple[str, str]] = []  # (message, fingerprint of its reply)
+        self._history_bytes = 0
+        self.replayable = True
+        self.lost_reason: str | None = None
 
     def initial_messages(self) -> list[dict]:
         return self._messages
 
     def step(self, assistant_text: str):
         budget = self._pool.limits.message_budget_s
-        result = self._pool._request(self._worker, self._generation, budget, "step", self._key, assistant_text)
+        result = self._pool._request(self._worker, self, budget, "step", self._key, assistant_text)
         self.terminated = result.terminated
+        self._remember(assistant_text, result)
         return result
+
+    def _remember(self, content: str, result) -> None:
+        self._history_bytes += len(content) + 64
+        if self._history_bytes > self._pool.limits.max_episode_bytes:
+            self.replayable, self._history = False, []
+        elif self.replayable:
+            self._history.append((content, _reply_fingerprint(result)))
 
     def evaluate(self, reward_cfg=None) -> dict:
         budget = self._pool.limits.evaluate_budget_s
-        return self._pool._request(self._worker, self._generation, budget, "evaluate", self._key, reward_cfg)
+        return self._pool._request(self._worker, self, budget, "evaluate", self._key, reward_cfg)
 
     def close(self) -> None:
         self._pool.forget(self._worker, self._key)
         try:
-            self._pool._request(self._worker, self._generation, SHORT_REQUEST_S, "close", self._key)
+            self._pool._request(self._worker, self, SHORT_REQUEST_S, "close", self._key)
         except (WorkerLost, WorkerBusy):
             pass  # nothing left to free
 
@@ -378,4 +564,4 @@ __all__ = ["RemoteEpisode", "RemoteError", "WorkerBusy", "WorkerLost", "WorkerPo
 
 
 if __name__ == "__main__":
-    _worker_main(Connection(int(sys.argv[1])))
+    _worker_main(Connection(int(sys.argv[1])), socket.socket(fileno=int(sys.argv[2])))

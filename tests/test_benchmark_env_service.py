@@ -38,6 +38,7 @@ def test_benchmark_quick_runs(tmp_path):
         "HTTP@32 / in-process",
         "in-process / bare checker",
         "hostile neighbour",
+        "innocent client per attack class",
         "RSS ratio",
     ):
         assert needle in proc.stdout
@@ -49,3 +50,5 @@ def test_benchmark_quick_runs(tmp_path):
     assert hostile["hostile_messages"] > 0 and hostile["innocent_valid"] == hostile["innocent_episodes"] > 0
     assert hostile["hostile_mean_s"] < 10 * hostile["budget_s"]  # a budget-busting message is stopped
     assert figures["memory"]["live_after"] == 0 and figures["memory"]["ratio"] > 0
+    for name, attack in figures["attacks"].items():  # nothing one client does loses another's episode
+        assert attack["innocent_lost"] == 0 and attack["innocent_valid"] == attack["innocent_episodes"] > 0, name

@@ -143,14 +143,14 @@ def test_retried_step_with_same_seq_is_applied_once(server, client):
     client.release(instance_id)
 
 
-def test_retried_create_with_same_id_returns_the_same_episode(client):
-    first = client.create(TASK, "validate", instance_id="retry-me")
-    again = client.create(TASK, "validate", instance_id="retry-me")
+def test_retried_create_with_same_request_id_returns_the_same_episode(client):
+    first = client.create(TASK, "validate", request_id="retry-me")
+    again = client.create(TASK, "validate", request_id="retry-me")
     assert first == again
     with pytest.raises(EnvServiceError) as err:
-        client.create("multi_turn_base_1", "validate", instance_id="retry-me")
-    assert err.value.status == 409 and "already exists" in err.value.message
-    client.release("retry-me")
+        client.create("multi_turn_base_1", "validate", request_id="retry-me")
+    assert err.value.status == 409 and "already started an episode" in err.value.message
+    assert client.release(first["instance_id"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ BAD_REQUESTS = [
     ("/create", {"task_id": 17, "mode": "train"}, None, 422, ["task_id", "string"]),
     ("/create", {"mode": "train"}, None, 422, ["task_id", "required"]),
     ("/create", {"task_id": TASK, "mode": "train", "env_type": "bfcl"}, None, 422, ["env_type", "extra"]),
-    ("/create", {"task_id": TASK, "mode": "train", "instance_id": "x" * 500}, None, 400, ["instance_id"]),
+    ("/create", {"task_id": TASK, "mode": "train", "request_id": "x" * 500}, None, 400, ["request_id"]),
     ("/step", {"instance_id": "never-created", "content": "hi"}, None, 404, ["unknown instance_id"]),
     ("/step", {"instance_id": "x", "content": 5}, None, 422, ["content", "string"]),
     ("/step", {"instance_id": "x", "content": None}, None, 422, ["content"]),

@@ -64,11 +64,11 @@ def _run_episode(
     client,
     task_id: str,
     messages: list[str],
-    instance_id: str | None = None,
+    request_id: str | None = None,
     created: dict | None = None,
     start: threading.Barrier | None = None,
 ) -> dict:
-    created = created or client.create(task_id, "validate", {}, instance_id=instance_id)
+    created = created or client.create(task_id, "validate", {}, request_id=request_id)
     if start is not None:
         start.wait(timeout=120)
     steps = []
