@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from side_venv import require_side_venv
 from tau2_stubs import AGENT_MODEL, USER_MODEL, StubServer
 
 from seal.eval.__main__ import main as seal_eval
@@ -107,12 +108,7 @@ def tau2_output(code: str, *args: str, prefix: str) -> dict:
 
 @pytest.fixture(scope="module")
 def tau2_venv():
-    if VENV_PYTHON.exists():
-        return
-    message = f"no tau2 environment at {VENV}: run `bash scripts/install.sh tau2`"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + " (CI must run tau2-bench)")
-    pytest.skip(message)
+    require_side_venv(VENV_PYTHON, "tau2-bench", "tau2")
 
 
 @pytest.fixture(scope="module")

