@@ -67,6 +67,10 @@ class WorkerLost(Exception):
     """The worker that held an episode died or was killed; the episode is gone."""
 
 
+class _ReplacedBeforeSent(WorkerLost):
+    """The worker was replaced while a request waited for it; the request was never sent."""
+
+
 class WorkerBusy(Exception):
     """The episode's worker stayed busy with other episodes for longer than ``QUEUE_TIMEOUT_S``."""
 
@@ -314,7 +318,7 @@ class WorkerPool:
                 generation = handle._generation
             if worker.generation != generation:
                 reason = (handle.lost_reason if handle is not None else None) or "the worker holding it was replaced"
-                raise WorkerLost(reason)
+                raise _ReplacedBeforeSent(reason)
             deadline_s = budget_s + self.limits.worker_grace_s
             worker.busy_since, worker.busy_deadline_s = time.monotonic(), deadline_s
             try:
@@ -344,18 +348,25 @@ class WorkerPool:
 
     def create(self, key: str, task_id: str, mode: str, config, profile, memory_snapshot=None) -> RemoteEpisode:
         self.start()
-        with self._state:
-            worker = self._placement()
-            worker.episodes[key] = None
-            generation = worker.generation
-        try:
-            messages, info = self._request(
-                worker, generation, SHORT_REQUEST_S, "create", key, task_id, mode, config, profile, memory_snapshot
-            )
-        except BaseException:
+        for attempt in range(2):  # one queued behind a request that got its worker killed goes to the replacement
             with self._state:
-                worker.episodes.pop(key, None)
-            raise
+                worker = self._placement()
+                worker.episodes[key] = None
+                generation = worker.generation
+            try:
+                messages, info = self._request(
+                    worker, generation, SHORT_REQUEST_S, "create", key, task_id, mode, config, profile, memory_snapshot
+                )
+                break
+            except _ReplacedBeforeSent:
+                with self._state:
+                    worker.episodes.pop(key, None)
+                if attempt:
+                    raise
+            except BaseException:
+                with self._state:
+                    worker.episodes.pop(key, None)
+                raise
         handle = RemoteEpisode(self, worker, generation, key, messages, info)
         handle._create_args = (task_id, mode, config, profile, memory_snapshot)
         with self._state:
@@ -558,6 +569,8 @@ class RemoteEpisode:
             self._pool._request(self._worker, self, SHORT_REQUEST_S, "close", self._key)
         except (WorkerLost, WorkerBusy):
             pass  # nothing left to free
+        finally:  # a replacement's replay, which this request waited for, listed it again: else the next kill revives it
+            self._pool.forget(self._worker, self._key)
 
 
 __all__ = ["RemoteEpisode", "RemoteError", "WorkerBusy", "WorkerLost", "WorkerPool"]

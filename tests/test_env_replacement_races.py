@@ -1,0 +1,78 @@
+"""Requests that wait for a worker while it is being killed and replaced (real worker processes): a create queued
+behind the request the worker died on starts on the replacement, and an episode released during the replacement
+is gone for good (the next kill does not rebuild it, scratch folder and all)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from test_env_budgets import aliasing_messages, call
+
+from env_service.config import ServiceLimits
+from env_service.manager import EpisodeManager
+
+OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an episode with a scratch folder
+FS_TASK = "multi_turn_base_0"
+# No grace, and room for the find to run into its time budget rather than its memory budget: the worker misses
+# the deadline of that message and is killed.
+KILLING = ServiceLimits(message_budget_s=1.0, call_budget_s=1.0, worker_grace_s=0.0, call_memory_mib=4096)
+
+
+def test_a_create_queued_behind_a_killed_workers_request_starts_on_the_replacement():
+    manager = EpisodeManager(workers=1, limits=KILLING)
+    try:
+        worker = manager._pool._workers[0]
+        offender = manager.create(FS_TASK, "validate")["instance_id"]
+        for message in aliasing_messages():
+            manager.step(offender, message)
+        outcome = []
+        killing = threading.Thread(target=lambda: outcome.append(_lost(manager, offender)))
+        killing.start()
+        while worker.busy_since is None:  # the find is on the worker
+            time.sleep(0.001)
+        innocent = manager.create(FS_TASK, "validate")["instance_id"]  # before: 503, the worker holding it replaced
+        killing.join()
+        assert outcome == [True] and worker.restarts == 1  # the find got its worker killed, its episode lost
+        assert manager.step(innocent, call("ls"))["info"]["num_steps"] == 1
+    finally:
+        manager.close_all()
+
+
+def _lost(manager, instance_id: str) -> bool:
+    try:
+        manager.step(instance_id, call("find", path="."))
+    except Exception as error:  # noqa: BLE001 - the point: the offender's episode is lost with its worker
+        return "lost" in str(error)
+    return False
+
+
+def _kill_and_replace(pool, worker) -> threading.Thread:
+    """SIGKILL ``worker`` and replace it in a thread; returns once the replacement is under way (its lock held)."""
+    restarts = worker.restarts
+    os.kill(worker.process.pid, signal.SIGKILL)
+    worker.process.wait()
+    replacing = threading.Thread(target=pool.replace_dead)
+    replacing.start()
+    while worker.restarts == restarts:  # counted inside the kill, before the new worker starts (a second or so)
+        time.sleep(0.001)
+    return replacing
+
+
+def test_an_episode_released_during_its_workers_replacement_is_not_revived():
+    manager = EpisodeManager(workers=1)
+    try:
+        pool = manager._pool
+        instance_id = manager.create(OOD_TASK, "validate")["instance_id"]
+        worker = pool._workers[0]
+        replacing = _kill_and_replace(pool, worker)
+        assert manager.release(instance_id)  # waits for the replay, then closes the rebuilt episode
+        replacing.join()
+        assert instance_id not in worker.episodes  # before: listed again by the replay
+        _kill_and_replace(pool, worker).join()
+        assert worker.episodes == {}
+        assert os.listdir(pool._worker_scratch(worker)) == []  # before: its folder made again by a second replay
+    finally:
+        manager.close_all()
