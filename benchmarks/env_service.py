@@ -15,7 +15,11 @@ turn with the calls plus one plain-text message per turn, evaluate, release):
 5. an innocent client's step latency (p50/p99, GT replays one step at a time) while another client keeps
    sending messages that each exhaust the message budget (``find`` over a file system whose directories
    alias each other, 2**40 entries), on a service with a 1 s message budget and 2 workers; then the same
-   innocent client while each attack class of :data:`ATTACKS` runs (step p99, episodes lost, RSS growth);
+   innocent client (4 episodes live at a time, so some share the attacker's worker) while each attack class of
+   :data:`ATTACKS` and :data:`WORKER_ATTACKS` runs (step p99, episodes lost, RSS growth, the attack's own figures:
+   ids answered that were not the attacker's, wrong verdicts, connections to refused fetch targets, worker kills);
+   and a stopped (SIGSTOP) worker: seconds until /health says 503, the other worker's innocent episode meanwhile,
+   and the scratch folders left after repeated worker kills;
 6. the service's RSS (main process + workers) after 500 and after 5,000 episodes (fresh service; psutil).
 
 Targets: HTTP@32 within 3x of in-process (slowdown = in-process eps / HTTP@32 eps <= 3); 2 workers >= 1.6x
@@ -63,12 +67,16 @@ LATENCY_TARGET = 2.0  # innocent p99 / message budget
 class ServiceProcess:
     """``python -m env_service serve`` on a free port; stopped on exit."""
 
-    def __init__(self, *flags: str):
+    def __init__(self, *flags: str, env: dict | None = None):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {
+            **os.environ,
+            **(env or {}),
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "env_service", "serve", "--port", str(self.port), "--log-level", "warning", *flags],
             cwd=REPO,
@@ -97,6 +105,12 @@ class ServiceProcess:
 
         main = psutil.Process(self.proc.pid)
         return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20
+
+    def workers(self) -> list[dict]:
+        """/health's row per worker process (pid, episodes, restarts), answered 200 or 503."""
+        import requests
+
+        return requests.get(self.url + "/health", timeout=30).json()["workers"]["per_worker"]
 
     def __exit__(self, *exc_info) -> None:
         self.proc.terminate()
@@ -319,67 +333,313 @@ def _connection_hoard(client, stop) -> None:
         sock.close()
 
 
-#: Attack class -> a client that keeps it up until told to stop (issue "round 2": nothing one client does costs
-#: another anything).
+def _guessed_ids(client, stop) -> dict:
+    """Ids that are not the attacker's to use: random ``ep_`` ids, released ones, its own live episode asked for
+    under another run id, and a reused ``request_id`` whose first episode passed (its verdict must not answer)."""
+    import uuid
+
+    answered = wrong_verdicts = 0
+    messages = replay.ground_truth_messages(tasks.load_task(PASSING_TASK))
+    with EnvClient(client.url, retries=0, timeout_s=60, run_id="attacker-2") as other_run:
+        while not stop.is_set():
+            first = client.create(PASSING_TASK, "validate", request_id="reused")["instance_id"]
+            for message in messages:
+                client.step(first, message)
+            client.evaluate(first, release=True)
+            second = client.create(PASSING_TASK, "validate", request_id="reused")["instance_id"]
+            client.step(second, _call("rm", file_name="nope"))
+            client.release(second)
+            live = client.create(PASSING_TASK, "validate")["instance_id"]
+            guesses = [(client, f"ep_{uuid.uuid4().hex}"), (client, second), (other_run, live)]
+            for asker, iid in guesses:
+                verdict = _answers(lambda asker=asker, iid=iid: asker.evaluate(iid))
+                answered += verdict is not None
+                wrong_verdicts += verdict is not None and verdict["valid"]  # the issue's: the first one's verdict
+            # A released episode's own kept verdict answers its retry (evaluate), but nothing else does.
+            for asker, iid in [*guesses, (client, first)]:
+                answered += _answers(lambda asker=asker, iid=iid: asker.step(iid, "hi")) is not None
+                answered += bool(_answers(lambda asker=asker, iid=iid: asker.release(iid)))
+            client.release(live)
+    return {"requests answered on ids not the attacker's": answered, "wrong verdicts": wrong_verdicts}
+
+
+def _answers(request):
+    """The answer to ``request``, or None when the service refuses it (404: no such episode for this client)."""
+    from env_service.client import EnvServiceError
+
+    try:
+        return request()
+    except EnvServiceError as error:
+        if error.status != 404:
+            raise
+        return None
+
+
+def _forged_fetches(client, stop) -> dict:
+    """``fetch_url_content`` (web-search backend, fake search key) aimed at this machine under many spellings of
+    loopback, and at the service itself; a loopback listener counts the connections that got through. Only
+    127.0.0.0/8 is ever named, so nothing leaves the machine even if the guard failed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port, accepted = listener.getsockname()[1], []
+    listener.settimeout(0.2)
+
+    def count_accepts() -> None:
+        while not stop.is_set():
+            try:
+                listener.accept()[0].close()
+                accepted.append(1)
+            except TimeoutError:
+                continue
+
+    counter = threading.Thread(target=count_accepts)
+    counter.start()
+    hosts = [
+        "127.0.0.1",
+        "localhost",
+        "127.1",
+        "2130706433",
+        "0x7f000001",
+        "0177.0.0.1",
+        "[::ffff:127.0.0.1]",
+        "0.0.0.0",
+    ]
+    urls = [f"http://{host}:{port}/" for host in hosts] + [
+        client.url + "/health",
+        f"http://127.0.0.1:{port}@127.0.0.2/",
+    ]
+    fetches = refused = 0
+    try:
+        while not stop.is_set():
+            iid = client.create(WEB_TASK, "validate")["instance_id"]
+            for url in urls:
+                if stop.is_set():
+                    break
+                content = client.step(iid, _call("fetch_url_content", url=url))["message"]["content"]
+                fetches += 1
+                refused += "not a public address" in content or "only http and https" in content
+            client.release(iid)
+    finally:
+        counter.join()
+        listener.close()
+    return {"fetches refused": f"{refused}/{fetches}", "connections to refused targets": len(accepted)}
+
+
+def _kills_its_worker(client, stop) -> dict:
+    """Budget-busting ``find``s on a service with no worker grace: the worker misses its deadline and is killed."""
+    from env_service.client import EnvServiceError
+
+    killed = 0
+    while not stop.is_set():
+        iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+        try:
+            for message in aliasing_messages():
+                client.step(iid, message)
+            client.step(iid, _call("find", path="."))
+        except EnvServiceError as error:
+            if error.error != "episode_lost":
+                raise
+            killed += 1
+            continue
+        client.release(iid)
+    return {"attacker episodes lost with their worker": killed}
+
+
+PASSING_TASK = "multi_turn_base_2"
+WEB_TASK = "web_search_base_0"
+OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an OOD episode with a scratch folder
+
+#: Attack class -> a client that keeps it up until told to stop, and may return figures of its own (issue "round 2":
+#: nothing one client does costs another anything). Run on one service with a (fake) search key.
 ATTACKS = {
     "deeply nested names": _deep_names,
     "parse-error floods": _parse_floods,
     "refused-call floods": _refused_call_floods,
+    "guessed and reused ids": _guessed_ids,
     "80 requests queued on one episode": _busy_queue,
     "minted run ids": _minted_run_ids,
     "connection hoarding": _connection_hoard,
+    "web fetches of loopback addresses": _forged_fetches,
 }
+#: Attacks that need a service of their own (flags): a worker killed by its episode.
+WORKER_ATTACKS = {"its episode kills its worker": _kills_its_worker}
 
 
-def innocent_under_attacks(task_ids: list[str]) -> dict:
+def _innocent_replays(url: str, ids: list[str], min_s: float, resident: int = 4) -> tuple[list[float], int, list[str]]:
+    """GT replays of ``ids`` (cycled for at least ``min_s``), ``resident`` episodes live at a time and stepped in
+    turn, so that some live on every worker: (step latencies, episodes valid, why each lost or failed one was)."""
+    latencies, valid, lost, started = [], 0, [], time.monotonic()
+    cycle = itertools.cycle(ids)
+    with EnvClient(url, retries=0, timeout_s=120, run_id="innocent") as client:
+        while time.monotonic() - started < min_s or not latencies:
+            live = {}
+            for task_id in itertools.islice(cycle, resident):
+                try:
+                    iid = client.create(task_id, "validate")["instance_id"]
+                except Exception as error:  # noqa: BLE001 - counted: an innocent episode must never fail
+                    lost.append(repr(error)[:300])
+                    continue
+                live[iid] = replay.ground_truth_messages(tasks.load_task(task_id))
+            for turn in range(max((len(m) for m in live.values()), default=0)):
+                for iid, messages in list(live.items()):
+                    if turn >= len(messages):
+                        continue
+                    step_started = time.perf_counter()
+                    try:
+                        client.step(iid, messages[turn])
+                    except Exception as error:  # noqa: BLE001 - counted
+                        lost.append(repr(error)[:300])
+                        del live[iid]
+                        continue
+                    latencies.append(time.perf_counter() - step_started)
+            for iid in live:
+                try:
+                    valid += client.evaluate(iid, release=True)["valid"]
+                except Exception as error:  # noqa: BLE001 - counted
+                    lost.append(repr(error)[:300])
+    return latencies, valid, lost
+
+
+def _p99(latencies: list[float]) -> float:
+    latencies = sorted(latencies)
+    return latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("inf")
+
+
+def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: float) -> dict:
+    """The innocent client's replays of ``ids`` (for at least ``min_s``) while ``attack`` runs on another client."""
+    stop, errors, extra = threading.Event(), [], {}
+
+    def attacker() -> None:
+        with EnvClient(service.url, retries=0, timeout_s=120, run_id="attacker") as client:
+            try:
+                extra.update(attack(client, stop) or {})
+            except Exception as error:  # noqa: BLE001 - a refusal ends the attack, which is fine
+                errors.append(repr(error)[:200])
+
+    rss_before = service.rss_mib()
+    thread = threading.Thread(target=attacker)
+    thread.start()
+    time.sleep(1.0)  # the attack is under way
+    latencies, valid, lost = _innocent_replays(service.url, ids, min_s)
+    rss_after = service.rss_mib()
+    stop.set()
+    thread.join(120)
+    p99 = _p99(latencies)
+    return {
+        "p99_s": p99,
+        "p99_over_budget": p99 / HOSTILE_BUDGET_S,
+        "innocent_valid": valid,
+        "innocent_episodes": valid + len(lost),
+        "innocent_lost": len(lost),
+        "innocent_lost_first": lost[0] if lost else None,
+        "rss_growth_mib": rss_after - rss_before,
+        "attack_stopped_by": errors[0] if errors else None,  # a refusal that ended the attack early
+        "attack_figures": extra,
+        "ok": not lost and valid > 0 and p99 <= LATENCY_TARGET * HOSTILE_BUDGET_S,
+    }
+
+
+def innocent_under_attacks(task_ids: list[str], min_s: float, worker_kills: int) -> dict:
     """Per attack class: an innocent client's GT replays while the class runs (step p99 against the message
-    budget, episodes lost or failed) and how much the service and its workers grew."""
+    budget, episodes lost or failed) and how much the service and its workers grew; then a stopped worker."""
+    from env_service.ood_tasks import SERPAPI_KEY_ENV
+
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
+    flags += ("--reclaim-interval-s", "0.2")  # a worker killed between requests is replaced at once
     ids = [t for t in task_ids if t not in replay.EXPECTED_FAILURES]
-    figures = {}
-    with ServiceProcess(*flags) as service:
-        for name, attack in ATTACKS.items():
-            stop, errors = threading.Event(), []
+    fake_key = {SERPAPI_KEY_ENV: "not-a-real-key"}  # the fetch needs no search; nothing leaves the machine
+    with ServiceProcess(*flags, env=fake_key) as service:
+        figures = {name: _innocent_during(service, attack, ids, min_s) for name, attack in ATTACKS.items()}
+        stopped = stopped_worker(service, ids, worker_kills)
+    # No grace, and room for the find to run into its time budget rather than its memory budget: each such message
+    # leaves its worker past the deadline, so the worker is killed (and its innocent episodes rebuilt).
+    with ServiceProcess(*flags, "--worker-grace-s", "0", "--call-memory-mib", "4096") as service:
+        figures.update({name: _innocent_during(service, attack, ids, min_s) for name, attack in WORKER_ATTACKS.items()})
+    return {"classes": figures, "stopped_worker": stopped}
 
-            def attacker(attack=attack, stop=stop, errors=errors) -> None:
-                with EnvClient(service.url, retries=0, timeout_s=120, run_id="attacker") as client:
-                    try:
-                        attack(client, stop)
-                    except Exception as error:  # noqa: BLE001 - a refusal ends the attack, which is fine
-                        errors.append(repr(error)[:200])
 
-            rss_before = service.rss_mib()
-            thread = threading.Thread(target=attacker)
-            thread.start()
-            time.sleep(1.0)  # the attack is under way
-            latencies, valid, lost = [], 0, 0
-            with EnvClient(service.url, retries=0, timeout_s=120, run_id="innocent") as client:
-                for task_id in ids:
-                    try:
-                        iid = client.create(task_id, "validate")["instance_id"]
-                        for message in replay.ground_truth_messages(tasks.load_task(task_id)):
-                            started = time.perf_counter()
-                            client.step(iid, message)
-                            latencies.append(time.perf_counter() - started)
-                        valid += client.evaluate(iid, release=True)["valid"]
-                    except Exception:  # noqa: BLE001 - counted: an innocent episode must never fail
-                        lost += 1
-            rss_after = service.rss_mib()
-            stop.set()
-            thread.join(120)
-            latencies.sort()
-            p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("inf")
-            figures[name] = {
-                "p99_s": p99,
-                "p99_over_budget": p99 / HOSTILE_BUDGET_S,
-                "innocent_valid": valid,
-                "innocent_episodes": len(ids),
-                "innocent_lost": lost,
-                "rss_growth_mib": rss_after - rss_before,
-                "attack_stopped_by": errors[0] if errors else None,  # a refusal that ended the attack early
-                "ok": lost == 0 and valid == len(ids) and p99 <= LATENCY_TARGET * HOSTILE_BUDGET_S,
-            }
-    return figures
+def _placed_on(service: ServiceProcess, create) -> tuple[str, int]:
+    """``create()``'s instance id and the index of the worker it landed on (the one whose episode count grew)."""
+    before = [w["episodes"] for w in service.workers()]
+    iid = create()
+    after = [w["episodes"] for w in service.workers()]
+    return iid, next(i for i, (b, a) in enumerate(zip(before, after)) if a > b)
+
+
+def _replaced(service: ServiceProcess, worker: int, restarts: int) -> None:
+    """Wait (bounded) until ``worker`` was replaced after ``restarts`` restarts (the service polls for dead ones)."""
+    deadline = time.monotonic() + 120
+    while service.workers()[worker]["restarts"] <= restarts and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _scratch_counts(service: ServiceProcess) -> tuple[int, int]:
+    """(worker folders, episode folders) in the service's scratch root."""
+    import glob
+    import tempfile
+
+    (root,) = glob.glob(os.path.join(tempfile.gettempdir(), f"seal-env-{service.proc.pid}-*"))
+    workers = [os.path.join(root, d) for d in os.listdir(root)]
+    return len(workers), sum(len(os.listdir(w)) for w in workers)
+
+
+def stopped_worker(service: ServiceProcess, ids: list[str], kills: int) -> dict:
+    """SIGSTOP the worker of one innocent episode: how long /health takes to say 503, and an innocent episode on
+    the other worker meanwhile (GT replay, step p99); then SIGKILL it (its episode is rebuilt), and ``kills``
+    more kills of a worker holding an OOD episode: how many scratch folders are left."""
+    import signal
+
+    import requests
+
+    task_id = ids[0]
+    messages = replay.ground_truth_messages(tasks.load_task(task_id))
+    with EnvClient(service.url, retries=0, timeout_s=120, run_id="innocent") as client:
+        victim, victim_worker = _placed_on(service, lambda: client.create(task_id, "validate")["instance_id"])
+        for _ in range(20):  # placement may put the next one beside it: retry, bounded
+            other, other_worker = _placed_on(service, lambda: client.create(task_id, "validate")["instance_id"])
+            if other_worker != victim_worker:
+                break
+            client.release(other)
+        row = service.workers()[victim_worker]
+        pid = row["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        while requests.get(service.url + "/health", timeout=30).status_code == 200 and time.monotonic() - started < 30:
+            time.sleep(0.05)
+        detected_s = time.monotonic() - started
+        latencies, valid = [], 0
+        for message in messages:
+            step_started = time.perf_counter()
+            client.step(other, message)
+            latencies.append(time.perf_counter() - step_started)
+        valid += client.evaluate(other, release=True)["valid"]
+        os.kill(pid, signal.SIGKILL)
+        _replaced(service, victim_worker, row["restarts"])
+        try:
+            for message in messages:  # the stopped worker's innocent episode, rebuilt on its replacement
+                client.step(victim, message)
+            valid += client.evaluate(victim, release=True)["valid"]
+        except Exception:  # noqa: BLE001 - counted below: lost
+            pass
+        for _ in range(kills):
+            ood, worker = _placed_on(service, lambda: client.create(OOD_TASK, "validate")["instance_id"])
+            row = service.workers()[worker]
+            os.kill(row["pid"], signal.SIGKILL)
+            _replaced(service, worker, row["restarts"])
+            client.release(ood)
+        worker_folders, episode_folders = _scratch_counts(service)
+    p99 = _p99(latencies)
+    return {
+        "health_503_after_s": detected_s,
+        "p99_s": p99,
+        "p99_over_budget": p99 / HOSTILE_BUDGET_S,
+        "innocent_valid": valid,
+        "innocent_episodes": 2,
+        "innocent_lost": 2 - valid,
+        "worker_kills": kills + 1,
+        "scratch_worker_folders": worker_folders,
+        "scratch_episode_folders": episode_folders,
+        "ok": valid == 2 and detected_s < 5 and p99 <= LATENCY_TARGET * HOSTILE_BUDGET_S and episode_folders == 0,
+    }
 
 
 def memory_run(task_ids: list[str], first: int, total: int, concurrency: int) -> dict:
@@ -426,7 +686,9 @@ def run(quick: bool) -> dict:
     figures.update(workers_scaling(task_ids))
     figures["bare_checker"] = bare_checker(task_ids)
     figures["hostile"] = hostile_neighbour(task_ids[::10] if quick else task_ids[::4])
-    figures["attacks"] = innocent_under_attacks(task_ids[:2] if quick else task_ids[::25])
+    figures["attacks"] = innocent_under_attacks(
+        task_ids[:2] if quick else task_ids[::25], min_s=3 if quick else 20, worker_kills=3 if quick else 10
+    )
     figures["memory"] = memory_run(task_ids, mem_first, mem_total, concurrency=32)
     inproc, http32 = figures["in_process"]["eps"], figures["http_c32"]["eps"]
     figures["ratios"] = {
@@ -480,15 +742,10 @@ def report(figures: dict) -> str:
         f"valid {hostile['innocent_valid']}/{hostile['innocent_episodes']}; worker restarts "
         f"{hostile['worker_restarts']}",
         "",
-        "innocent client per attack class (GT replays while the class runs; message budget "
-        f"{HOSTILE_BUDGET_S:g} s, target p99 <= {LATENCY_TARGET:g}x, none lost):",
-        *(
-            f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x, valid "
-            f"{a['innocent_valid']}/{a['innocent_episodes']}, lost {a['innocent_lost']}, service+workers RSS "
-            f"{a['rss_growth_mib']:+.0f} MiB: {'MET' if a['ok'] else 'MISSED'}"
-            + (f" (attack ended by {a['attack_stopped_by']})" if a["attack_stopped_by"] else "")
-            for name, a in figures["attacks"].items()
-        ),
+        "innocent client per attack class (GT replays, 4 episodes live at a time, while the class runs; message "
+        f"budget {HOSTILE_BUDGET_S:g} s, target p99 <= {LATENCY_TARGET:g}x, none lost):",
+        *(_attack_line(name, a) for name, a in figures["attacks"]["classes"].items()),
+        _stopped_worker_line(figures["attacks"]["stopped_worker"]),
         "",
         f"service RSS: start {mem['start_mib']:.1f} MiB, after {mem['first']} episodes {mem['first_mib']:.1f} MiB, "
         f"after {mem['total']} episodes {mem['total_mib']:.1f} MiB",
@@ -496,6 +753,28 @@ def report(figures: dict) -> str:
         f"(target <= {MEMORY_TARGET}: {'MET' if mem_ok else 'MISSED'}); live episodes after: {mem['live_after']}",
     ]
     return "\n".join(lines)
+
+
+def _attack_line(name: str, a: dict) -> str:
+    extra = "".join(f", {key} {value}" for key, value in a["attack_figures"].items())
+    return (
+        f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x, valid "
+        f"{a['innocent_valid']}/{a['innocent_episodes']}, lost {a['innocent_lost']}, service+workers RSS "
+        f"{a['rss_growth_mib']:+.0f} MiB{extra}: {'MET' if a['ok'] else 'MISSED'}"
+        + (f" (attack ended by {a['attack_stopped_by']})" if a["attack_stopped_by"] else "")
+        + (f" (first lost: {a['innocent_lost_first']})" if a["innocent_lost_first"] else "")
+    )
+
+
+def _stopped_worker_line(s: dict) -> str:
+    return (
+        f"  {'a stopped (SIGSTOP) worker':<36} /health 503 after {s['health_503_after_s']:.2f} s; innocent episode "
+        f"on the other worker p99 {s['p99_s']:.2f} s = {s['p99_over_budget']:.2f}x; valid "
+        f"{s['innocent_valid']}/{s['innocent_episodes']} (the stopped worker's own episode rebuilt after its kill), "
+        f"lost {s['innocent_lost']}; after {s['worker_kills']} worker kills (OOD episodes on them) scratch folders "
+        f"left: {s['scratch_episode_folders']} episode, {s['scratch_worker_folders']} worker: "
+        f"{'MET' if s['ok'] else 'MISSED'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from env_service.workers import HEARTBEAT_TIMEOUT_S
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -39,6 +41,10 @@ def test_benchmark_quick_runs(tmp_path):
         "in-process / bare checker",
         "hostile neighbour",
         "innocent client per attack class",
+        "guessed and reused ids",
+        "web fetches of loopback addresses",
+        "its episode kills its worker",
+        "a stopped (SIGSTOP) worker",
         "RSS ratio",
     ):
         assert needle in proc.stdout
@@ -50,5 +56,18 @@ def test_benchmark_quick_runs(tmp_path):
     assert hostile["hostile_messages"] > 0 and hostile["innocent_valid"] == hostile["innocent_episodes"] > 0
     assert hostile["hostile_mean_s"] < 10 * hostile["budget_s"]  # a budget-busting message is stopped
     assert figures["memory"]["live_after"] == 0 and figures["memory"]["ratio"] > 0
-    for name, attack in figures["attacks"].items():  # nothing one client does loses another's episode
+    classes, stopped = figures["attacks"]["classes"], figures["attacks"]["stopped_worker"]
+    for name, attack in [*classes.items(), ("stopped worker", stopped)]:  # nothing one client does loses another's
         assert attack["innocent_lost"] == 0 and attack["innocent_valid"] == attack["innocent_episodes"] > 0, name
+    ids = classes["guessed and reused ids"]
+    assert ids["attack_figures"] == {"requests answered on ids not the attacker's": 0, "wrong verdicts": 0}
+    web = classes["web fetches of loopback addresses"]["attack_figures"]
+    refused, fetches = map(int, web["fetches refused"].split("/"))
+    assert web["connections to refused targets"] == 0 and refused == fetches > 0
+    assert classes["its episode kills its worker"]["attack_figures"]["attacker episodes lost with their worker"] > 0
+    assert stopped["health_503_after_s"] < HEARTBEAT_TIMEOUT_S + 3 and stopped["scratch_episode_folders"] == 0
+    # Attacks that hold no worker for long leave the innocent's p99 far below 2x the budget even on a busy machine
+    # (a killed worker costs the innocent episodes on it the attacker's message and the replacement's start-up).
+    for line in proc.stdout.splitlines():
+        if any(name in line for name in ("guessed and reused ids", "web fetches of", "a stopped (SIGSTOP) worker")):
+            assert line.endswith(": MET"), line
