@@ -2,16 +2,14 @@
 GRPO through the launcher, trainer, agent loop and environment service) and its sign-flipped twin, and passes only
 if the normal run's reward rises clearly over its steps and the flipped run's does not.
 
-Both runs take about 8 minutes on 2 cores (the warm start included; it is cached under outputs/). The full check
-is opt-in (``SEAL_LEARNING_CHECK=1 python -m pytest -q tests/test_learning.py``) until the recipe passes on every
-rollout seed tried: it does not yet (the README has each seed's margin). The statistics the check decides on are
-tested here without a run.
+Both runs take about 8 minutes on 2 cores (the warm start included; it is cached under outputs/), in CI. The
+README has the margins of the rollout seeds tried. The statistics the check decides on are also tested here
+without a run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +65,6 @@ def test_a_text_that_is_both_right_and_a_decoy_is_refused():
 
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.skipif(os.environ.get("SEAL_LEARNING_CHECK") != "1", reason="opt-in (~8 min): SEAL_LEARNING_CHECK=1")
 def test_grpo_raises_reward_and_its_sign_flipped_twin_does_not(tmp_path):
     out = tmp_path / "learning_check"
     proc = subprocess.run(
