@@ -61,15 +61,11 @@ def generate_batch(model, requests: list[Request], raw_logprobs: bool = False) -
     """Generate every request to its stop token or length limit; results in request order."""
     results = [Generation(log_probs=[] if r.want_logprobs else None) for r in requests]
     cache, attention_mask, positions, logits = _prefill(model, requests)
-    history = [torch.tensor(r.prompt_ids, dtype=torch.long) for r in requests]  # for the repetition penalty
     active = list(range(len(requests)))  # request index of each batch row
     while True:
-        tokens = [
-            _sample_next(logits[row], requests[i], history[i], results[i], raw_logprobs) for row, i in enumerate(active)
-        ]
+        tokens = [_sample_next(logits[row], requests[i], results[i], raw_logprobs) for row, i in enumerate(active)]
         keep = []
         for row, (i, token) in enumerate(zip(active, tokens)):
-            history[i] = torch.cat([history[i], torch.tensor([token])])
             done = token in requests[i].stop_ids or len(results[i].token_ids) >= requests[i].max_tokens
             if not done:
                 keep.append(row)
@@ -136,11 +132,9 @@ def _select_rows(cache, attention_mask, positions, keep: list[int]):
     return DynamicCache(ddp_cache_data=layers), attention_mask[index], positions[index]
 
 
-def _sample_next(
-    logits: torch.Tensor, request: Request, history: torch.Tensor, result: Generation, raw_logprobs: bool
-) -> int:
+def _sample_next(logits: torch.Tensor, request: Request, result: Generation, raw_logprobs: bool) -> int:
     """Pick the next token of one request, append it (and its log-prob) to its result."""
-    processed = _apply_repetition_penalty(logits, history, request.repetition_penalty)
+    processed = _apply_repetition_penalty(logits, request, result.token_ids)
     if request.greedy:
         token = int(processed.argmax())
     else:
@@ -154,11 +148,12 @@ def _sample_next(
     return token
 
 
-def _apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
+def _apply_repetition_penalty(logits: torch.Tensor, request: Request, generated: list[int]) -> torch.Tensor:
     """Tokens already in the prompt or the output: positive logits divided by the penalty, negative multiplied."""
+    penalty = request.repetition_penalty
     if penalty == 1.0:
         return logits
-    seen = torch.unique(history)
+    seen = torch.unique(torch.tensor(request.prompt_ids + generated, dtype=torch.long))
     scores = logits[seen]
     out = logits.clone()
     out[seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
