@@ -2,9 +2,9 @@
 GRPO through the launcher, trainer, agent loop and environment service) and its sign-flipped twin, and passes only
 if the normal run's reward rises clearly over its steps and the flipped run's does not.
 
-Both runs take about 8 minutes on 2 cores (the warm start included; it is cached under outputs/), in CI. The
-README has the margins of the rollout seeds tried. The statistics the check decides on are also tested here
-without a run.
+Both runs take about 8 minutes on 2 cores (the warm start included; it is cached under outputs/), in CI.
+docs/learning-check.md has the margins of the rollout seeds tried. The statistics the check decides on are also
+tested here without a run.
 """
 
 from __future__ import annotations
