@@ -140,7 +140,14 @@ SHAPES = {
 # encodes; the corpus only decides which strings get short ids.
 BPE_TOKENIZERS = {
     "bfcl_bpe": {"vocab_size": 2048, "tasks": ["multi_turn_base_100", "multi_turn_base_144"]},
+    # the same vocabulary with Llama 3.1's header and turn tokens: the stand-in for a Llama-3.1 recipe
+    # (ToolACE-2-Llama-3.1-8B) in a CPU rehearsal, so its chat template and <|eot_id|> turn ends run as on GPU
+    "bfcl_bpe_llama3": {"vocab_size": 2048, "tasks": ["multi_turn_base_100", "multi_turn_base_144"], "llama3": True},
 }
+SHAPES["bfcl_bpe_llama3"] = {**SHAPES["bfcl_bpe"], "architecture": "llama"}
+# Llama 3.1's special tokens; the eos is <|end_of_text|>, as a Llama-3.1 base tokenizer has (turns end with
+# <|eot_id|>, which seal.rollout.end_of_turn_token names).
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
 
 def qwen_tiktoken_path() -> Path:
@@ -197,8 +204,9 @@ def bpe_corpus(tasks: list[str]) -> list[str]:
     return texts
 
 
-def build_bpe_tokenizer(vocab_size: int, tasks: list[str]):
-    """A byte-level BPE trained on ``bpe_corpus(tasks)`` with the ChatML template and Qwen's added tokens (<1 s).
+def build_bpe_tokenizer(vocab_size: int, tasks: list[str], llama3: bool = False):
+    """A byte-level BPE trained on ``bpe_corpus(tasks)`` with the ChatML template and Qwen's added tokens (<1 s);
+    ``llama3``: also Llama 3.1's special tokens, with its bos and eos.
 
     The trainer is deterministic for a fixed corpus, so a rebuild gives the same ids. The pre-tokenizer keeps
     ``"\\n"`` a token of its own, as verl's Qwen continuous-token builder requires."""
@@ -214,9 +222,11 @@ def build_bpe_tokenizer(vocab_size: int, tasks: list[str]):
     backend.train_from_iterator(bpe_corpus(tasks), trainer)
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in NON_SPECIAL_ADDED_TOKENS])
+    if llama3:
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIAL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        eos_token=EOS_TOKEN,
+        **({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"} if llama3 else {"eos_token": EOS_TOKEN}),
         pad_token=PAD_TOKEN,
         chat_template=CHAT_TEMPLATE,
         model_max_length=MODEL_SPEC["max_position_embeddings"],
@@ -234,34 +244,34 @@ def _check_token_ids(tokenizer) -> None:
 
 
 def build_model(seed: int = 0, shape: str = "default", tokenizer=None):
-    """Random-init Qwen2ForCausalLM of a named shape (``SHAPES``); identical weights for identical seeds.
+    """Random-init Qwen2ForCausalLM (or LlamaForCausalLM, ``architecture: llama``) of a named shape (``SHAPES``);
+    identical weights for identical seeds.
 
     A shape with its own tokenizer (``BPE_TOKENIZERS``) takes its vocabulary size and special ids from
     ``tokenizer`` (built from the shape when not given)."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     spec = dict(_shape_spec(shape))
-    eos_id, pad_id = EOS_ID, PAD_ID
+    llama = spec.pop("architecture", "qwen2") == "llama"
+    eos_ids, bos_id, pad_id = [EOS_ID], PAD_ID, PAD_ID
     if shape in BPE_TOKENIZERS:
         tokenizer = tokenizer if tokenizer is not None else build_tokenizer(shape)
         spec["vocab_size"] = -(-len(tokenizer) // 64) * 64
-        eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rope_theta = spec.pop("rope_theta")
-    config = Qwen2Config(
-        **spec,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        hidden_act="silu",
-        use_sliding_window=False,
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        dtype="float32",
-    )
+        eos_ids, pad_id = [tokenizer.eos_token_id], tokenizer.pad_token_id
+        bos_id = tokenizer.bos_token_id if llama else pad_id
+        if llama:  # generation ends a turn at <|eot_id|>, as Llama 3.1's generation config says
+            eos_ids.insert(0, tokenizer.convert_tokens_to_ids("<|eot_id|>"))
+    rope = {"rope_parameters": {"rope_type": "default", "rope_theta": spec.pop("rope_theta")}}
+    special = {"bos_token_id": bos_id, "eos_token_id": eos_ids[0], "pad_token_id": pad_id, "dtype": "float32"}
+    if llama:
+        config = LlamaConfig(**spec, **rope, **special, hidden_act="silu")
+    else:
+        config = Qwen2Config(**spec, **rope, **special, hidden_act="silu", use_sliding_window=False)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    model = (LlamaForCausalLM if llama else Qwen2ForCausalLM)(config).to(torch.float32).eval()
     # Only the special ids: no sampling defaults, so generation follows the caller's settings.
-    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=[*eos_ids, pad_id], pad_token_id=pad_id)
     return model
 
 
