@@ -17,12 +17,19 @@ memory cap) is killed and replaced. Only the episode whose request it died on fa
 the other episodes it held are rebuilt on the replacement by replaying their messages (each reply checked
 against the one the client got; within ``replay_budget_s``), so a worker loss is invisible to them. Requests
 to one worker are serialised by a lock in the parent, so the pipe carries one request at a time.
+
+The replacement is a spare: one more process, started (and its imports and task table loaded) long before it is
+needed, that holds no episode until a kill hands it the dead worker's place; the next spare starts once the innocent
+episodes are rebuilt. Without it they waited for a cold start (seconds on a loaded machine) before their replay.
+The spare is one idle process (about one worker's base memory, under the same ``worker_memory_mib`` cap, no CPU);
+``/health`` names its pid, and it stops with the pool.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -167,6 +174,7 @@ class _Worker:
     restarts: int = 0
     beats: Any = None  # our end of the heartbeat socket
     last_beat: float = 0.0  # time.monotonic() of the worker's last heartbeat
+    scratch: str = ""  # the process's scratch folder, named when it was launched (a spare's before it had a place)
 
 
 class WorkerPool:
@@ -181,6 +189,9 @@ class WorkerPool:
         self._started = False
         self._monitor = _HeartbeatMonitor()
         self.scratch = make_scratch_root()
+        self._launches = itertools.count()  # names each process's scratch folder
+        self._spare: _Worker | None = None  # launched, ready or nearly, holding no episode (see the module docstring)
+        self._spare_lock = threading.Lock()  # guards _spare (two workers may be killed at once)
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -194,19 +205,57 @@ class WorkerPool:
             self._launch(worker)
         for worker in self._workers:
             self._await_ready(worker)
+        self._launch_spare()  # after the workers: it must not slow their start
 
     def _spawn(self, worker: _Worker) -> None:
         self._launch(worker)
         self._await_ready(worker)
 
+    def _launch_spare(self) -> None:
+        """Start the next spare, without waiting for it (its "ready" waits in the socket until it is taken). A spare
+        only saves time: one that cannot start is logged, and the next kill starts its replacement cold."""
+        with self._spare_lock:
+            if self._started and self._spare is None:  # not once close() has begun: it would outlive the pool
+                spare = _Worker(index=-1)
+                try:
+                    self._launch(spare)
+                except OSError as error:
+                    log.warning("could not start a spare env worker: %s", error)
+                    return
+                self._spare = spare
+
+    def _take_spare(self, worker: _Worker) -> bool:
+        """Give ``worker`` (its old process retired) the spare's process; False when there is no usable spare (the pool
+        is closing, or the spare died), and the caller starts one cold."""
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is None:
+            return False
+        spare.index = worker.index  # for _await_ready's messages
+        try:
+            self._await_ready(spare)  # at once, unless kills come faster than a start
+            if spare.process.poll() is not None:  # ready long ago, dead since (the OOM killer, an operator)
+                raise RuntimeError(f"it exited with code {spare.process.returncode} after its start")
+        except RuntimeError as error:
+            log.warning("the spare env worker is unusable (%s); starting a replacement cold", error)
+            self._retire(spare)
+            return False
+        self._monitor.forget(spare.beats)
+        worker.process, worker.conn, worker.beats = spare.process, spare.conn, spare.beats
+        worker.scratch, worker.last_beat = spare.scratch, time.monotonic()
+        self._monitor.watch(worker)
+        return True
+
     def _launch(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair()
         beats_ours, beats_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         package_root = str(Path(__file__).resolve().parents[1])
+        scratch = os.path.join(self.scratch, f"worker-{next(self._launches)}")
+        os.makedirs(scratch)
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
-            SCRATCH_ENV: self._worker_scratch(worker),
+            SCRATCH_ENV: scratch,
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "env_service.workers", str(theirs.fileno()), str(beats_theirs.fileno())],
@@ -218,18 +267,24 @@ class WorkerPool:
         beats_theirs.close()
         conn = Connection(ours.detach())
         conn.send(self.limits)
-        if worker.beats is not None:
-            self._monitor.forget(worker.beats)
-            worker.beats.close()
-        worker.process, worker.conn, worker.beats = process, conn, beats_ours
+        worker.process, worker.conn, worker.beats, worker.scratch = process, conn, beats_ours, scratch
         worker.last_beat = time.monotonic()  # start-up counts as alive until the first beat is due
         self._monitor.watch(worker)
 
-    def _worker_scratch(self, worker: _Worker) -> str:
-        """This generation of the worker's scratch folder inside the service's root (made on first use)."""
-        path = os.path.join(self.scratch, f"worker{worker.index}-{worker.generation}")
-        os.makedirs(path, exist_ok=True)
-        return path
+    def _retire(self, worker: _Worker) -> None:
+        """Kill ``worker``'s process if it still runs and let go of it: its sockets, heartbeat and scratch folder."""
+        if worker.beats is not None:
+            self._monitor.forget(worker.beats)
+            worker.beats.close()
+            worker.beats = None
+        if worker.process is not None and worker.process.poll() is None:
+            worker.process.kill()
+            worker.process.wait()
+        if worker.conn is not None:
+            worker.conn.close()  # kept: a request sent on it before a replacement takes its place fails as on a dead one
+        if worker.scratch:
+            shutil.rmtree(worker.scratch, ignore_errors=True)  # what its episodes left behind
+            worker.scratch = ""
 
     def _await_ready(self, worker: _Worker) -> None:
         process, conn = worker.process, worker.conn
@@ -254,19 +309,18 @@ class WorkerPool:
             why,
             len(worker.episodes),
         )
-        worker.process.kill()
-        worker.process.wait()
-        worker.conn.close()
-        shutil.rmtree(self._worker_scratch(worker), ignore_errors=True)  # what its episodes left behind
+        self._retire(worker)
         with self._state:
             innocents = [h for k, h in worker.episodes.items() if k != offender and h is not None and h.replayable]
             worker.episodes.clear()
         worker.generation += 1
         worker.restarts += 1
-        self._spawn(worker)
+        if not self._take_spare(worker):
+            self._spawn(worker)
         deadline = time.monotonic() + self.limits.replay_budget_s
         for handle in innocents:
             self._replay(worker, handle, deadline)
+        self._launch_spare()  # after the replays, whose steps its start-up would slow
 
     def _replay(self, worker: _Worker, handle: RemoteEpisode, deadline: float) -> None:
         """Rebuild an innocent episode on the fresh ``worker`` (its lock held): create it again and step its accepted
@@ -432,12 +486,14 @@ class WorkerPool:
                 }
             )
         answering = sum(r["answering"] for r in rows)
+        spare = self._spare
         return {
             "workers": len(rows),
             "workers_answering": answering,
             "ok": answering == len(rows),
             "worker_restarts": sum(r["restarts"] for r in rows),
             "per_worker": rows,
+            "spare_pid": spare.process.pid if spare is not None else None,  # the next replacement, holding nothing
         }
 
     def close(self) -> None:
@@ -445,6 +501,10 @@ class WorkerPool:
             started, self._started = self._started, False
         if not started:
             return
+        with self._spare_lock:  # _launch_spare starts none from now on
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            self._retire(spare)  # killed: it may still be importing, and holds nothing
         for worker in self._workers:
             if worker.conn is not None:
                 worker.conn.close()

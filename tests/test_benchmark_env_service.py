@@ -67,7 +67,7 @@ def test_benchmark_quick_runs(tmp_path):
     assert classes["its episode kills its worker"]["attack_figures"]["attacker episodes lost with their worker"] > 0
     assert stopped["health_503_after_s"] < HEARTBEAT_TIMEOUT_S + 3 and stopped["scratch_episode_folders"] == 0
     # Attacks that hold no worker for long leave the innocent's p99 far below 2x the budget even on a busy machine
-    # (a killed worker costs the innocent episodes on it the attacker's message and the replacement's start-up).
+    # (a killed worker costs the innocent episodes on it the attacker's message and their replay).
     for line in proc.stdout.splitlines():
         if any(name in line for name in ("guessed and reused ids", "web fetches of", "a stopped (SIGSTOP) worker")):
             assert line.endswith(": MET"), line

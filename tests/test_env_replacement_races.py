@@ -1,6 +1,7 @@
 """Requests that wait for a worker while it is being killed and replaced (real worker processes): a create queued
 behind the request the worker died on starts on the replacement, and an episode released during the replacement
-is gone for good (the next kill does not rebuild it, scratch folder and all)."""
+is gone for good (the next kill does not rebuild it, scratch folder and all); the replacement is a spare started
+before the kill, so the innocent episodes do not wait for a worker to start."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import signal
 import threading
 import time
 
+import psutil
 from test_env_budgets import aliasing_messages, call
 
 from env_service.config import ServiceLimits
 from env_service.manager import EpisodeManager
+from env_service.workers import START_TIMEOUT_S
 
 OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an episode with a scratch folder
 FS_TASK = "multi_turn_base_0"
@@ -73,6 +76,47 @@ def test_an_episode_released_during_its_workers_replacement_is_not_revived():
         assert instance_id not in worker.episodes  # before: listed again by the replay
         _kill_and_replace(pool, worker).join()
         assert worker.episodes == {}
-        assert os.listdir(pool._worker_scratch(worker)) == []  # before: its folder made again by a second replay
+        assert os.listdir(worker.scratch) == []  # before: its folder made again by a second replay
+    finally:
+        manager.close_all()
+
+
+def test_a_killed_workers_replacement_was_started_before_the_kill_and_its_innocent_episode_goes_on():
+    manager = EpisodeManager(workers=1, limits=KILLING)
+    try:
+        pool = manager._pool
+        worker = pool._workers[0]
+        innocent = manager.create(FS_TASK, "validate")["instance_id"]
+        assert manager.step(innocent, call("ls"))["info"]["num_steps"] == 1
+        offender = manager.create(FS_TASK, "validate")["instance_id"]
+        for message in aliasing_messages():
+            manager.step(offender, message)
+        started_before = {child.pid for child in psutil.Process().children()}
+        dead = worker.process.pid
+        assert _lost(manager, offender) and worker.restarts == 1
+        # An ordering, not a clock: before, the replacement was a process started after the kill (a cold start the
+        # innocent episode waited for); now it is one that was already running when the worker was killed.
+        assert worker.process.pid != dead and worker.process.pid in started_before
+        assert manager.step(innocent, call("ls"))["info"]["num_steps"] == 2  # rebuilt on it by the replay
+        spare = pool.health()["spare_pid"]
+        assert spare not in (None, worker.process.pid)  # and the next spare is starting
+    finally:
+        manager.close_all()
+    assert not {worker.process.pid, spare} & {child.pid for child in psutil.Process().children()}  # stopped with it
+
+
+def test_a_spare_that_died_after_its_start_is_passed_over_for_a_cold_start():
+    manager = EpisodeManager(workers=1)
+    try:
+        pool = manager._pool
+        worker = pool._workers[0]
+        innocent = manager.create(FS_TASK, "validate")["instance_id"]
+        spare = pool._spare
+        assert spare.conn.poll(START_TIMEOUT_S)  # its "ready" is waiting, unread
+        os.kill(spare.process.pid, signal.SIGKILL)
+        spare.process.wait()
+        _kill_and_replace(pool, worker).join()
+        assert worker.process is not spare.process and worker.process.poll() is None
+        assert manager.step(innocent, call("ls"))["info"]["num_steps"] == 1  # before: replayed onto the dead spare
     finally:
         manager.close_all()
