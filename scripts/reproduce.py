@@ -51,9 +51,13 @@ def print_plan(out: str) -> None:
         print(f"    {step.command()}")
         if found is not None:
             what = f"{found.steps} steps, {found.train_episodes} training episodes, " if step.kind == "train" else ""
-            print(f"    ~{found.gpu_hours:.{1 if found.gpu_hours >= 1 else 2}f} GPU-hours on {found.gpus} GPU(s) ({what}{found.val_episodes} validation episodes)")
+            print(
+                f"    ~{found.gpu_hours:.{1 if found.gpu_hours >= 1 else 2}f} GPU-hours on {found.gpus} GPU(s) ({what}{found.val_episodes} validation episodes)"
+            )
             totals[step.kind] = totals.get(step.kind, 0.0) + found.gpu_hours
-    print("\nserve / ood: one vLLM server per Table-1 row; USER_ENDPOINT/USER_MODEL: tau2's user simulator (docs/ood.md).")
+    print(
+        "\nserve / ood: one vLLM server per Table-1 row; USER_ENDPOINT/USER_MODEL: tau2's user simulator (docs/ood.md)."
+    )
     print(
         "GPU-hours are estimates from each recipe's sizes (steps, tasks, rollouts, max_model_len) and the assumptions "
         "in seal/reproduction.py (docs/reproduce.md), not measurements: "
@@ -85,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     status = reproduction.run_rehearsal(out, rows, args.steps, args.jobs)
     if status == 0:
         tables = os.path.join(out, "tables")
-        print(f"[reproduce] done: tables and accuracy_over_steps.png in {tables}/, run figures in {out}/runs/*__training/")
+        print(
+            f"[reproduce] done: tables and accuracy_over_steps.png in {tables}/, run figures in {out}/runs/*__training/"
+        )
     return status
 
 

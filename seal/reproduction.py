@@ -49,8 +49,18 @@ SERVE_PORT = 8000
 #: Python-style call lists.
 TOOL_CALL_PARSERS = {"exp/toolace2_8b.yaml": "pythonic"}
 
-#: The tiny model that stands in for a backbone on CPU, by the recipe's prompt format (the swap's default for Qwen).
-TINY_MODELS = {"toolace_llama": ("bfcl_bpe_llama3", "outputs/tiny-bfcl-bpe-llama3")}
+#: Swap values that depend on the backbone, by the recipe's prompt format (the swap file's are Qwen's): a Llama-3.1
+#: recipe gets a tiny model with Llama 3.1's special tokens, and 2,048 more prompt tokens, as it has on GPU for its
+#: longer tool docs.
+BACKBONE_SWAPS = {
+    "toolace_llama": {
+        "seal.tiny_model.shape": "bfcl_bpe_llama3",
+        "seal.tiny_model.out_dir": "outputs/tiny-bfcl-bpe-llama3",
+        "actor_rollout_ref.model.path": "outputs/tiny-bfcl-bpe-llama3",
+        "data.max_prompt_length": 6144,
+        "actor_rollout_ref.rollout.max_model_len": 6656,
+    }
+}
 
 
 @dataclass(frozen=True)
@@ -83,21 +93,28 @@ class Step:
 def recipe_switches(recipe: str, base: str = BASE_RECIPE) -> tuple[str, ...]:
     """What ``recipe`` changes in ``base``, as overrides (its experiment name aside): Vanilla RL's switches, to
     apply on a backbone recipe, taken from exp/vanilla_rl.yaml itself so they have one home."""
-    from omegaconf import OmegaConf
-
     from seal.launch import compose_recipe
 
-    def leaves(node, prefix=""):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield prefix[:-1], node
-
-    ours = dict(leaves(OmegaConf.to_container(compose_recipe(str(REPO / recipe)))))
-    theirs = dict(leaves(OmegaConf.to_container(compose_recipe(str(REPO / base)))))
+    ours, theirs = leaves(compose_recipe(str(REPO / recipe))), leaves(compose_recipe(str(REPO / base)))
     changed = {k: v for k, v in ours.items() if theirs.get(k, object()) != v and k != "trainer.experiment_name"}
     return tuple(f"{k}={_override_value(v)}" for k, v in sorted(changed.items()))
+
+
+def leaves(config) -> dict:
+    """{dotted key: value} of every leaf of a config (unresolved: interpolations stay as written)."""
+    from omegaconf import OmegaConf
+
+    flat = {}
+
+    def walk(node, prefix):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(OmegaConf.to_container(config) if not isinstance(config, dict) else config, "")
+    return flat
 
 
 def _override_value(value) -> str:
@@ -280,32 +297,27 @@ def swap_values() -> dict:
     """The swap file's keys (dotted) and values."""
     from omegaconf import OmegaConf
 
-    def leaves(node, prefix=""):
-        for key, value in node.items():
-            if isinstance(value, dict):
-                yield from leaves(value, f"{prefix}{key}.")
-            else:
-                yield f"{prefix}{key}", value
-
-    return dict(leaves(OmegaConf.to_container(OmegaConf.load(SWAP_FILE))))
+    return leaves(OmegaConf.load(SWAP_FILE))
 
 
-def tiny_model(recipe: str) -> tuple[str, str]:
-    """(shape, folder) of the tiny model standing in for ``recipe``'s backbone: by its prompt format."""
+def backbone_swaps(recipe: str) -> dict:
+    """The swap's values for ``recipe``'s backbone (its keys are all the swap file's)."""
     from seal.launch import compose_recipe
 
     mode = str(compose_recipe(str(REPO / recipe)).env_service.bfcl.tool_prompt_mode)
-    swap = swap_values()
-    return TINY_MODELS.get(mode, (swap["seal.tiny_model.shape"], swap["seal.tiny_model.out_dir"]))
+    return {**swap_values(), **BACKBONE_SWAPS.get(mode, {})}
 
 
-def tiny_model_overrides(recipe: str) -> list[str]:
-    """The swap's model keys, for a backbone whose tiny model is not the swap's default."""
-    shape, folder = tiny_model(recipe)
-    swap = swap_values()
-    if (shape, folder) == (swap["seal.tiny_model.shape"], swap["seal.tiny_model.out_dir"]):
-        return []
-    return [f"seal.tiny_model.shape={shape}", f"seal.tiny_model.out_dir={folder}", f"actor_rollout_ref.model.path={folder}"]
+def tiny_model(recipe: str) -> tuple[str, str]:
+    """(shape, folder) of the tiny model standing in for ``recipe``'s backbone."""
+    swap = backbone_swaps(recipe)
+    return swap["seal.tiny_model.shape"], swap["seal.tiny_model.out_dir"]
+
+
+def backbone_overrides(recipe: str) -> list[str]:
+    """The backbone's swap values that differ from the swap file's, as overrides."""
+    default, ours = swap_values(), backbone_swaps(recipe)
+    return [f"{k}={v}" for k, v in ours.items() if default[k] != v]
 
 
 def heldout_ids() -> list[str]:
@@ -320,7 +332,7 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
     """``step`` on CPU: the plan's command with only the swaps added (None: nothing to run here)."""
     argv = list(step.argv)
     if step.kind == "train":
-        argv += [SWAP, *tiny_model_overrides(step.recipe)]
+        argv += [SWAP, *backbone_overrides(step.recipe)]
         if training_steps is not None:
             argv.append(f"trainer.total_training_steps={int(training_steps)}")
     elif step.kind == "eval":
@@ -329,7 +341,7 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
         overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
         argv = argv[: argv.index("--")] if "--" in argv else argv
         argv += ["--ids", ",".join(heldout_ids()), "--no-progress", "--", SWAP, *overrides]
-        argv += [o for o in tiny_model_overrides(step.recipe) if not o.startswith("actor_rollout_ref.model.path=")]
+        argv += [o for o in backbone_overrides(step.recipe) if not o.startswith("actor_rollout_ref.model.path=")]
     elif step.kind == "serve":
         return None  # the stub endpoint stands in for vLLM serving the checkpoint
     elif step.kind == "ood":

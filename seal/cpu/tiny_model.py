@@ -142,12 +142,23 @@ BPE_TOKENIZERS = {
     "bfcl_bpe": {"vocab_size": 2048, "tasks": ["multi_turn_base_100", "multi_turn_base_144"]},
     # the same vocabulary with Llama 3.1's header and turn tokens: the stand-in for a Llama-3.1 recipe
     # (ToolACE-2-Llama-3.1-8B) in a CPU rehearsal, so its chat template and <|eot_id|> turn ends run as on GPU
-    "bfcl_bpe_llama3": {"vocab_size": 2048, "tasks": ["multi_turn_base_100", "multi_turn_base_144"], "llama3": True},
+    "bfcl_bpe_llama3": {
+        "vocab_size": 2048,
+        "tasks": ["multi_turn_base_100", "multi_turn_base_144"],
+        "llama3": True,
+        "tool_prompt_mode": "toolace_llama",  # trained on that format's text: its JSON-indented tool docs
+    },
 }
 SHAPES["bfcl_bpe_llama3"] = {**SHAPES["bfcl_bpe"], "architecture": "llama"}
 # Llama 3.1's special tokens; the eos is <|end_of_text|>, as a Llama-3.1 base tokenizer has (turns end with
 # <|eot_id|>, which seal.rollout.end_of_turn_token names).
-LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+LLAMA3_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
 
 
 def qwen_tiktoken_path() -> Path:
@@ -181,16 +192,16 @@ def build_tokenizer(shape: str = "default"):
     return tokenizer
 
 
-def bpe_corpus(tasks: list[str]) -> list[str]:
-    """Every text an episode of ``tasks`` shows or expects in the environment's default config: the train-mode
-    first messages, the ground-truth assistant messages and the environment's replies to them."""
+def bpe_corpus(tasks: list[str], tool_prompt_mode: str | None = None) -> list[str]:
+    """Every text an episode of ``tasks`` shows or expects in the environment's default config (or another prompt
+    format): the train-mode first messages, the ground-truth assistant messages and the environment's replies."""
     from env_service.config import EnvConfig
     from env_service.episode import Episode
     from env_service.replay import ground_truth_messages
     from env_service.tasks import load_task
     from env_service.vocabulary import MODE_TRAIN
 
-    config = EnvConfig()
+    config = EnvConfig(tool_prompt_mode=tool_prompt_mode) if tool_prompt_mode else EnvConfig()
     texts = []
     for task_id in tasks:
         task = load_task(task_id)
@@ -204,7 +215,7 @@ def bpe_corpus(tasks: list[str]) -> list[str]:
     return texts
 
 
-def build_bpe_tokenizer(vocab_size: int, tasks: list[str], llama3: bool = False):
+def build_bpe_tokenizer(vocab_size: int, tasks: list[str], llama3: bool = False, tool_prompt_mode: str | None = None):
     """A byte-level BPE trained on ``bpe_corpus(tasks)`` with the ChatML template and Qwen's added tokens (<1 s);
     ``llama3``: also Llama 3.1's special tokens, with its bos and eos.
 
@@ -219,7 +230,7 @@ def build_bpe_tokenizer(vocab_size: int, tasks: list[str], llama3: bool = False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    backend.train_from_iterator(bpe_corpus(tasks), trainer)
+    backend.train_from_iterator(bpe_corpus(tasks, tool_prompt_mode), trainer)
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in NON_SPECIAL_ADDED_TOKENS])
     if llama3:
@@ -271,7 +282,9 @@ def build_model(seed: int = 0, shape: str = "default", tokenizer=None):
     torch.manual_seed(seed)
     model = (LlamaForCausalLM if llama else Qwen2ForCausalLM)(config).to(torch.float32).eval()
     # Only the special ids: no sampling defaults, so generation follows the caller's settings.
-    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=[*eos_ids, pad_id], pad_token_id=pad_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos_id, eos_token_id=[*eos_ids, pad_id], pad_token_id=pad_id
+    )
     return model
 
 
