@@ -411,17 +411,18 @@ def _busiest_phase(config, replicas: int) -> tuple[str, int]:
     """(phase, sequences per rollout replica) of the train step or validation, whichever runs more at once."""
     rollout = config.actor_rollout_ref.rollout
     train = int(config.data.train_batch_size) * int(rollout.n)
-    val_batch = config.data.get("val_batch_size") or _rows(config.data.val_files)  # null: the whole set at once
+    val_batch = config.data.get("val_batch_size") or data_rows(config.data.val_files)  # null: the whole set at once
     val = int(val_batch) * int(rollout.val_kwargs.n)
     phase, sequences = ("validation", val) if val > train else ("train step", train)
     return phase, math.ceil(sequences / replicas)
 
 
-def _rows(files) -> int:
+def data_rows(files, root: str | Path = ".") -> int:
+    """Rows of a recipe's data file(s) (one path or a list; relative ones under ``root``; missing ones count 0)."""
     import pyarrow.parquet as pq
 
-    paths = [files] if isinstance(files, str) else list(files)
-    return sum(pq.ParquetFile(path).metadata.num_rows for path in paths if Path(path).is_file())
+    paths = [Path(root, f) for f in ([files] if isinstance(files, str) else list(files))]
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in paths if path.is_file())
 
 
 def _visible_gpu_bytes() -> float | None:

@@ -18,6 +18,7 @@ of the row's model), ``runs/<row>__ood`` (its out-of-distribution evaluation), `
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -211,10 +212,10 @@ def plan(out: str = "experiments/paper") -> list[Step]:
         serve = ["vllm", "serve", model, "--served-model-name", row, "--port", str(SERVE_PORT)]
         serve += ["--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSERS.get(recipe, "hermes")]
         serve += ["--max-model-len", "32768"]
-        steps.append(Step("serve", row, serve, f"OOD: {fills(row)[len('Table 1: ') :]}", recipe))
+        ood = f"OOD: {fills(row).removeprefix('Table 1: ')}"
+        steps.append(Step("serve", row, serve, ood, recipe))
         endpoint = f"http://127.0.0.1:{SERVE_PORT}/v1"
-        for argv in ood_argvs(row, endpoint, row, out, recipe, OOD_BFCL):
-            steps.append(Step("ood", row, argv, f"OOD: {fills(row)[len('Table 1: ') :]}", recipe))
+        steps += [Step("ood", row, argv, ood, recipe) for argv in ood_argvs(row, endpoint, row, out, recipe, OOD_BFCL)]
     tables = ["python", "scripts/make_tables.py", layout(out)["runs"], "--out", os.path.join(out, "tables")]
     steps.append(Step("tables", "", tables, "Table 1, the ablation, the OOD table, accuracy_over_steps.png"))
     return steps
@@ -247,16 +248,12 @@ class Cost:
 
 
 def training_steps(config) -> int:
-    import pyarrow.parquet as pq
+    from seal.memory_estimate import data_rows
 
     if config.trainer.total_training_steps:
         return int(config.trainer.total_training_steps)
-    rows = sum(pq.read_metadata(str(REPO / f)).num_rows for f in _files(config.data.train_files))
+    rows = data_rows(config.data.train_files, REPO)
     return int(config.trainer.total_epochs) * (rows // int(config.data.train_batch_size))  # verl drops the last
-
-
-def _files(files) -> list[str]:
-    return [files] if isinstance(files, str) else list(files)
 
 
 def validations(config, steps: int) -> int:
@@ -267,16 +264,14 @@ def validations(config, steps: int) -> int:
 
 def cost(config, kind: str) -> Cost | None:
     """The estimate for a ``train`` or ``eval`` step's composed config; None when the model's size is unknown."""
-    import pyarrow.parquet as pq
-
-    from seal.memory_estimate import model_shape
+    from seal.memory_estimate import data_rows, model_shape
 
     found = model_shape(str(config.actor_rollout_ref.model.path))
     if found is None:
         return None
     parameters = found[0].parameters
     sequence = SEQUENCE_SHARE * int(config.actor_rollout_ref.rollout.max_model_len)
-    val_rows = sum(pq.read_metadata(str(REPO / f)).num_rows for f in _files(config.data.val_files))
+    val_rows = data_rows(config.data.val_files, REPO)
     if kind == "train":
         steps = training_steps(config)
         train_episodes = steps * int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)
@@ -295,17 +290,26 @@ def cost(config, kind: str) -> Cost | None:
 
 def swap_values() -> dict:
     """The swap file's keys (dotted) and values."""
+    return dict(_swap_file())
+
+
+@functools.cache
+def _swap_file() -> dict:
     from omegaconf import OmegaConf
 
     return leaves(OmegaConf.load(SWAP_FILE))
 
 
-def backbone_swaps(recipe: str) -> dict:
-    """The swap's values for ``recipe``'s backbone (its keys are all the swap file's)."""
+@functools.cache
+def _prompt_mode(recipe: str) -> str:
     from seal.launch import compose_recipe
 
-    mode = str(compose_recipe(str(REPO / recipe)).env_service.bfcl.tool_prompt_mode)
-    return {**swap_values(), **BACKBONE_SWAPS.get(mode, {})}
+    return str(compose_recipe(str(REPO / recipe)).env_service.bfcl.tool_prompt_mode)
+
+
+def backbone_swaps(recipe: str) -> dict:
+    """The swap's values for ``recipe``'s backbone (its keys are all the swap file's)."""
+    return {**swap_values(), **BACKBONE_SWAPS.get(_prompt_mode(recipe), {})}
 
 
 def tiny_model(recipe: str) -> tuple[str, str]:

@@ -135,6 +135,7 @@ SHAPES = {
     # vocab_size None: the trained BPE's size (see BPE_TOKENIZERS), rounded up to a multiple of 64
     "bfcl_bpe": {**MODEL_SPEC, "vocab_size": None, "hidden_size": 128, "intermediate_size": 256},
 }
+SHAPES["bfcl_bpe_llama3"] = {**SHAPES["bfcl_bpe"], "architecture": "llama"}  # its tokenizer: see BPE_TOKENIZERS
 # Shapes with their own small tokenizer: a byte-level BPE trained on the environment's rendering of these tasks
 # (train-mode first messages, ground-truth calls and the replies to them). Byte-level, so any other text still
 # encodes; the corpus only decides which strings get short ids.
@@ -149,7 +150,6 @@ BPE_TOKENIZERS = {
         "tool_prompt_mode": "toolace_llama",  # trained on that format's text: its JSON-indented tool docs
     },
 }
-SHAPES["bfcl_bpe_llama3"] = {**SHAPES["bfcl_bpe"], "architecture": "llama"}
 # Llama 3.1's special tokens; the eos is <|end_of_text|>, as a Llama-3.1 base tokenizer has (turns end with
 # <|eot_id|>, which seal.rollout.end_of_turn_token names).
 LLAMA3_SPECIAL_TOKENS = (
