@@ -7,16 +7,21 @@ the private network, or a cloud metadata address. :func:`install` puts :class:`G
 
 * names http or https, and a host whose every resolved address is public (not loopback, private, link-local,
   multicast, reserved or unspecified; IPv4-mapped IPv6 addresses are judged as IPv4);
-* follows at most ``MAX_REDIRECTS`` redirects itself, checking each new URL the same way;
+* connects to an address the check vetted, never resolving the host name again: a hostile DNS server that
+  answers a public address to the check and a private one to the connection (DNS rebinding) reaches nothing.
+  The ``Host`` header, TLS SNI and certificate verification still name the host, not the address;
+* takes nothing from the environment: no ``HTTP(S)_PROXY``/``ALL_PROXY`` proxy (which would carry the
+  connection elsewhere than the vetted address), no ``.netrc`` credentials, no ``REQUESTS_CA_BUNDLE``;
+* follows at most ``MAX_REDIRECTS`` redirects itself, checking and pinning each new URL the same way;
 * takes at most ``FETCH_BUDGET_S`` in all and keeps at most ``MAX_FETCH_BYTES`` of the page.
 
 A refusal is an exception inside bfcl's own ``try``, so the model reads ``An error occurred while fetching
-<url>: <why>``. (A host that resolves to a public address when checked and to a private one when requests
-connects, DNS rebinding, is not covered: the connection is made by requests.)
+<url>: <why>``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import ipaddress
 import socket
@@ -25,6 +30,11 @@ from collections.abc import Callable
 from urllib.parse import urljoin, urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+from urllib3.util.connection import create_connection
 
 MAX_REDIRECTS = 5
 FETCH_BUDGET_S = 10.0
@@ -52,8 +62,11 @@ def public_address(ip: str) -> bool:
     return address.is_global and not private
 
 
-def check_url(url: str, allowed: Callable[[str], bool] = public_address) -> None:
-    """Raise :class:`UnsafeURL` unless ``url`` is http(s) and every address its host resolves to is ``allowed``."""
+def check_url(url: str, allowed: Callable[[str], bool] = public_address) -> list[str]:
+    """The addresses ``url``'s host resolves to, the only ones a fetch of it may connect to.
+
+    Raises :class:`UnsafeURL` unless ``url`` is http(s) and every one of them is ``allowed``.
+    """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UnsafeURL(f"only http and https URLs with a host are fetched, not {url[:200]!r}")
@@ -62,32 +75,110 @@ def check_url(url: str, allowed: Callable[[str], bool] = public_address) -> None
         resolved = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
     except (OSError, ValueError) as error:
         raise UnsafeURL(f"cannot resolve {parts.hostname[:200]!r}: {error}") from None
-    for *_, sockaddr in resolved:
-        if not allowed(sockaddr[0]):
-            raise UnsafeURL(f"{parts.hostname[:200]} resolves to {sockaddr[0]}, which is not a public address")
+    addresses = [sockaddr[0] for *_, sockaddr in resolved]
+    if not addresses:
+        raise UnsafeURL(f"{parts.hostname[:200]} resolves to no address")
+    for address in addresses:
+        if not allowed(address):
+            raise UnsafeURL(f"{parts.hostname[:200]} resolves to {address}, which is not a public address")
+    return addresses
 
 
 class GuardedRequests:
-    """Stands in for the ``requests`` module inside bfcl's web-search backend (``get`` only)."""
+    """Stands in for the ``requests`` module inside bfcl's web-search backend (``get`` only).
 
-    def __init__(self, allowed: Callable[[str], bool] = public_address):
+    ``allowed`` judges each resolved address; ``ca_bundle`` replaces the trust anchors https is verified
+    against (tests name their own certificate authority; the service keeps requests' default).
+    """
+
+    def __init__(self, allowed: Callable[[str], bool] = public_address, ca_bundle: str | None = None):
         self.allowed = allowed
+        self.ca_bundle = ca_bundle
 
     def get(self, url: str, headers=None, timeout=None, allow_redirects: bool = True, **_ignored) -> requests.Response:
         deadline = time.monotonic() + FETCH_BUDGET_S
         for _ in range(MAX_REDIRECTS + 1):
-            check_url(url, self.allowed)
+            address = check_url(url, self.allowed)[0]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise requests.Timeout(f"the fetch took more than its budget of {FETCH_BUDGET_S:g} s")
-            response = requests.get(
-                url, headers=headers, timeout=min(timeout or remaining, remaining), allow_redirects=False, stream=True
-            )
-            if not (allow_redirects and response.is_redirect):
-                return _bounded(response, deadline)
-            url = urljoin(url, response.headers.get("location", ""))
-            response.close()
+            hop_timeout = min(timeout or remaining, remaining)
+            with _pinned_session(address, self.ca_bundle) as session:
+                response = session.get(url, headers=headers, timeout=hop_timeout, allow_redirects=False, stream=True)
+                if not (allow_redirects and response.is_redirect):
+                    return _bounded(response, deadline)
+                url = urljoin(url, response.headers.get("location", ""))
+                response.close()
         raise requests.TooManyRedirects(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _pinned_session(address: str, ca_bundle: str | None) -> requests.Session:
+    """A session for one request, whose connections all go to ``address``, with nothing from the environment."""
+    session = requests.Session()
+    # No proxy (it would connect elsewhere than ``address``), no .netrc credentials, no REQUESTS_CA_BUNDLE.
+    session.trust_env = False
+    session.verify = ca_bundle or True
+    adapter = _PinnedAdapter(address)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+class _PinnedConnection:
+    """Mixed into urllib3's connections: the socket goes to ``pinned_ip``, the vetted address.
+
+    ``host`` stays the URL's host name, so the ``Host`` header, TLS SNI and certificate verification name it.
+    """
+
+    def __init__(self, *args, pinned_ip: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pinned_ip = pinned_ip
+
+    def _new_conn(self) -> socket.socket:
+        # urllib3's own _new_conn resolves ``host`` again, which a hostile DNS server may answer differently
+        # than it answered the check; an address literal is not looked up.
+        try:
+            return create_connection(
+                (self.pinned_ip, self.port),
+                self.timeout,
+                source_address=self.source_address,
+                socket_options=self.socket_options,
+            )
+        except TimeoutError as error:
+            raise ConnectTimeoutError(self, f"connecting to {self.host} at {self.pinned_ip} timed out") from error
+        except OSError as error:
+            raise NewConnectionError(self, f"cannot connect to {self.host} at {self.pinned_ip}: {error}") from error
+
+
+class _PinnedHTTPConnection(_PinnedConnection, HTTPConnection):
+    pass
+
+
+class _PinnedHTTPSConnection(_PinnedConnection, HTTPSConnection):
+    pass
+
+
+class _PinnedHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _PinnedHTTPConnection
+
+
+class _PinnedHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _PinnedHTTPSConnection
+
+
+class _PinnedAdapter(HTTPAdapter):
+    """requests' adapter whose pools hand ``pinned_ip`` to every connection they make."""
+
+    def __init__(self, pinned_ip: str):
+        self.pinned_ip = pinned_ip  # before HTTPAdapter.__init__, which builds the pool manager
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": functools.partial(_PinnedHTTPConnectionPool, pinned_ip=self.pinned_ip),
+            "https": functools.partial(_PinnedHTTPSConnectionPool, pinned_ip=self.pinned_ip),
+        }
 
 
 def _bounded(response: requests.Response, deadline: float) -> requests.Response:
