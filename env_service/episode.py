@@ -50,6 +50,7 @@ from env_service.executor import (
     clip_text,
     clip_texts,
     state_size,
+    time_limit,
 )
 from env_service.parser import ParsedMessage, parse_assistant, shown_name
 from env_service.tasks import Task
@@ -192,7 +193,10 @@ class Episode:
                 f"ended; nothing in the last message was run."
             )
             return self._reply(text, terminated=True, error_type=STEP_LIMIT_EXCEEDED)
-        parsed = parse_assistant(assistant_text, self.config.tool_prompt_mode, self.config.strict_tool_parser)
+        deadline = time.monotonic() + self.limits.message_budget_s  # reading the message and its calls share it
+        parsed = self._parse(assistant_text)
+        if parsed is None:
+            return self._reject_parse_errors(ParsedMessage(content="", errors=[self._unread_text()]))
         if self._kept_bytes > self.limits.max_episode_bytes:
             return self._end_over_memory()
         if parsed.errors:
@@ -200,7 +204,7 @@ class Episode:
         if len(parsed.calls) > self.limits.max_calls_per_message:
             return self._reject_call_count(parsed)
         if parsed.calls:
-            return self._handle_calls(parsed)
+            return self._handle_calls(parsed, deadline)
         return self._next_user_turn()
 
     def evaluate(self, reward_cfg: RewardConfig | None = None) -> dict:
@@ -250,6 +254,24 @@ class Episode:
         return prompts.system_content(tool_prompt, extra)
 
     # -- step helpers ---------------------------------------------------------------------------
+
+    def _parse(self, assistant_text: str) -> ParsedMessage | None:
+        """The message's calls, read within the message's time budget (None when reading it ran past it).
+
+        The parsers' Python work is interrupted like a call; ``ast.parse`` and ``json.loads`` are C code that no
+        timer stops (at most ~2 s on 256 KiB), which the worker's deadline of budget plus grace bounds.
+        """
+        try:
+            with time_limit(self.limits.message_budget_s):
+                return parse_assistant(assistant_text, self.config.tool_prompt_mode, self.config.strict_tool_parser)
+        except CallOverBudget:
+            return None
+
+    def _unread_text(self) -> str:
+        return (
+            f"the message could not be read within its time budget of {self.limits.message_budget_s:g} s; "
+            f"nothing was run"
+        )
 
     def _reply(
         self, content: str, *, role: str = "user", terminated: bool = False, extra: tuple[str, ...] = (), **info
@@ -341,13 +363,13 @@ class Episode:
             num_parse_errors=1,
         )
 
-    def _handle_calls(self, parsed: ParsedMessage) -> StepResult:
+    def _handle_calls(self, parsed: ParsedMessage, deadline: float) -> StepResult:
         calls, problem, error_type = self._checked_calls(parsed.calls)
         if problem is None and not self._keeps([call.arguments for call in calls]):
             return self._end_over_memory()
         if problem is None:
             try:
-                return self._execute(calls)
+                return self._execute(calls, deadline)
             except ToolNotAvailable as exc:  # cannot happen while allowed == current tools; stay safe
                 problem, error_type = str(exc), STEP_UNAVAILABLE_TOOL
         self._rejected(self._records[-1], parsed.calls, [problem] if error_type == STEP_PARSE_ERROR else [])
@@ -418,11 +440,10 @@ class Episode:
             f"tool calls are refused for the rest of this episode."
         )
 
-    def _execute(self, calls: list[ToolCall]) -> StepResult:
+    def _execute(self, calls: list[ToolCall], deadline: float) -> StepResult:
         mode = self.config.tool_result_mode
         record = self._records[-1]
         first = len(record.calls)
-        deadline = time.monotonic() + self.limits.message_budget_s
         room = self.limits.max_reply_bytes  # bytes of results kept in the record for this message
         results, tool_errors, over = [], 0, 0  # one rendered text per call (its recovery hint included)
         for call in calls:

@@ -131,7 +131,9 @@ def time_limit(seconds: float | None, memory_bytes: int | None = None):
 
     def on_tick(signum, frame):
         nonlocal why
-        if not armed:  # a signal that arrives while disarming must not escape
+        # Interrupt once: ticks keep coming while the stopped call unwinds and its garbage is freed (which can take
+        # longer than a tick), and one raised then would escape the cleanup below instead of the budget's error.
+        if not armed or why:
             return
         if time.monotonic() >= deadline:
             why = f"the call was stopped after {round(seconds, 2):g} s, its time budget"

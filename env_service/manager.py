@@ -359,7 +359,7 @@ class EpisodeManager:
 
         task = self._load_task(task_id)
         episode, messages, profile_version = self._start_episode(
-            task, mode, config, run_id, key=instance_id, memory_snapshot=memory_snapshot
+            task, mode, config, run_id, key=instance_id, memory_snapshot=memory_snapshot, owner=owner
         )
         info = {
             "instance_id": instance_id,
@@ -403,14 +403,22 @@ class EpisodeManager:
             raise problem
 
     def _start_episode(
-        self, task, mode: str, config: EnvConfig, run_id: str | None = None, key: str = "", memory_snapshot=None
+        self,
+        task,
+        mode: str,
+        config: EnvConfig,
+        run_id: str | None = None,
+        key: str = "",
+        memory_snapshot=None,
+        owner: str | None = None,
     ):
-        """Build the episode and its first messages; TRAIN episodes get their run's latest failure profile."""
+        """Build the episode and its first messages; TRAIN episodes get their run's latest failure profile. The
+        episode's worker serves its requests in turn with other owners' (``owner``: whose usage they count)."""
         profile_state = self.get_profile(run_id) if mode == MODE_TRAIN else None
         profile = profile_state["profile"] if profile_state else None
         try:
             if self._pool is not None:
-                episode = self._pool.create(key, task.id, mode, config, profile, memory_snapshot)
+                episode = self._pool.create(key, task.id, mode, config, profile, memory_snapshot, owner)
             else:
                 episode = new_episode(task, mode, config, profile, self.limits, memory_snapshot)
             messages = episode.initial_messages()

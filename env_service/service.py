@@ -57,10 +57,6 @@ log = logging.getLogger(__name__)
 #: Largest request body read at all. The assistant content limit (manager.MAX_CONTENT_BYTES, 256 KiB)
 #: applies after decoding; JSON escapes can inflate text up to 6x, hence the margin.
 MAX_BODY_BYTES = 2 * 1024 * 1024
-#: Threads that may run episode work at once. Well above the trainer's concurrency (32) so that a few
-#: slow long-context steps never queue the rest behind them, and above one owner's cap
-#: (``HttpLimits.max_requests_per_owner``) so one owner never holds them all; the GIL bounds real parallelism anyway.
-WORKER_THREADS = 128
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8082
@@ -90,8 +86,7 @@ class HttpLimits:
     # client hoarding connections cannot lock the others out; a new one is refused (503) only when none is idle.
     max_connections_per_peer: int = 1024
     # Requests of one owner (run, else client address) in flight at once; more are refused (429) before they
-    # take a thread. Above the trainer's rollout concurrency (32) with room, below WORKER_THREADS, so one owner
-    # can never hold every thread that the other episodes need.
+    # take a thread or a place in a worker's queue. Above the trainer's rollout concurrency (32) with room.
     max_requests_per_owner: int = 96
     # Run ids one client address may use at once (one not seen for the manager's idle timeout is forgotten):
     # per-run limits cannot be dodged by minting run ids. A trainer uses one per run.
@@ -448,7 +443,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.limiter = anyio.CapacityLimiter(WORKER_THREADS)
+        # One thread per connection that can carry a request: a request waiting for its episode's worker (served
+        # lightest owner first, env_service.fair_gate) holds a thread of its own, never one another client needs.
+        # Blocked threads cost little (2,048 of them: ~32 MiB); the GIL bounds the parallelism anyway.
+        app.state.limiter = anyio.CapacityLimiter(limits.max_connections)
         # Before the first request: a cold task table hit by many concurrent creates is built once.
         await anyio.to_thread.run_sync(manager.warm_up)
         reclaimer = asyncio.create_task(_reclaim_loop(manager, app.state.limiter))

@@ -16,7 +16,9 @@ plus ``worker_grace_s``; a worker that does not answer by then (work a timer can
 memory cap) is killed and replaced. Only the episode whose request it died on fails, with :class:`WorkerLost`:
 the other episodes it held are rebuilt on the replacement by replaying their messages (each reply checked
 against the one the client got; within ``replay_budget_s``), so a worker loss is invisible to them. Requests
-to one worker are serialised by a lock in the parent, so the pipe carries one request at a time.
+to one worker are serialised in the parent by a :class:`~env_service.fair_gate.FairGate`, so the pipe carries one
+request at a time, and a waiting request of the owner that used the workers least lately goes first: an owner that
+keeps many budget-busting messages queued delays its own requests, not another owner's.
 
 The replacement is a spare: one more process, started (and its imports and task table loaded) long before it is
 needed, that holds no episode until a kill hands it the dead worker's place; the next spare starts once the innocent
@@ -50,6 +52,7 @@ from typing import Any
 
 from env_service import tasks
 from env_service.config import ServiceLimits
+from env_service.fair_gate import FairGate, Usage
 from env_service.ood_episode import load_any_task, new_episode
 from env_service.scratch import SCRATCH_ENV, make_scratch_root
 
@@ -166,7 +169,7 @@ class _Worker:
     process: Any = None
     conn: Any = None
     generation: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: FairGate | None = None  # one request at a time, lightest owner first (the spare has none: it takes a place)
     busy_since: float | None = None
     recent: deque = field(default_factory=deque)  # (end, seconds busy) of requests in the last window
     busy_deadline_s: float = 0.0
@@ -184,7 +187,8 @@ class WorkerPool:
         if n < 1:
             raise ValueError("a worker pool needs at least one worker")
         self.limits = limits
-        self._workers = [_Worker(i) for i in range(n)]
+        self.usage = Usage()  # each owner's recent worker seconds, which orders the requests waiting for a worker
+        self._workers = [_Worker(i, gate=FairGate(self.usage)) for i in range(n)]
         self._state = threading.Lock()  # guards episode sets and the started flag
         self._started = False
         self._monitor = _HeartbeatMonitor()
@@ -300,7 +304,7 @@ class WorkerPool:
             ) from None
 
     def _kill(self, worker: _Worker, why: str, offender: str | None = None) -> None:
-        """Kill and replace ``worker`` (its lock held). The episodes it held but ``offender`` (the one whose request
+        """Kill and replace ``worker`` (its gate held). The episodes it held but ``offender`` (the one whose request
         it died on) are rebuilt on the replacement by replaying their messages (see ``_replay``)."""
         log.error(
             "env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes on it)",
@@ -323,7 +327,7 @@ class WorkerPool:
         self._launch_spare()  # after the replays, whose steps its start-up would slow
 
     def _replay(self, worker: _Worker, handle: RemoteEpisode, deadline: float) -> None:
-        """Rebuild an innocent episode on the fresh ``worker`` (its lock held): create it again and step its accepted
+        """Rebuild an innocent episode on the fresh ``worker`` (its gate held): create it again and step its accepted
         messages; an episode is a deterministic function of them, and each reply must match the one its client got.
         An episode that diverges or cannot finish within the replay budget stays lost (``WorkerLost`` on its next
         request, with the reason)."""
@@ -344,7 +348,7 @@ class WorkerPool:
         log.info("episode %s rebuilt on the replacement worker (%d messages)", handle._key, len(handle._history))
 
     def _exchange(self, worker: _Worker, deadline: float, op: str, key: str, *args):
-        """One request to ``worker`` during a replay (its lock held), answered before ``deadline``."""
+        """One request to ``worker`` during a replay (its gate held), answered before ``deadline``."""
         remaining = deadline - time.monotonic()
         try:
             if remaining <= 0:
@@ -361,10 +365,11 @@ class WorkerPool:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _request(self, worker: _Worker, generation, budget_s: float, op: str, key: str, *args):
-        """``generation``: the worker generation the episode lives in, or its handle (read once the lock is held:
-        a replay while this request waited moves the episode to the new generation)."""
-        if not worker.lock.acquire(timeout=QUEUE_TIMEOUT_S):
+    def _request(self, worker: _Worker, generation, owner, budget_s: float, op: str, key: str, *args):
+        """``generation``: the worker generation the episode lives in, or its handle (read once the gate is held:
+        a replay while this request waited moves the episode to the new generation). ``owner``: whose request it is;
+        the worker's time it takes (a replay after a kill included) is charged to that owner's usage."""
+        if not worker.gate.acquire(owner, timeout=QUEUE_TIMEOUT_S):
             raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
         try:
             handle = generation if isinstance(generation, RemoteEpisode) else None
@@ -388,11 +393,12 @@ class WorkerPool:
                 raise WorkerLost(f"the episode's worker died during {op} and was replaced") from None
             finally:
                 now = time.monotonic()
+                self.usage.charge(owner, now - worker.busy_since)
                 with self._state:  # _placement iterates the deque
                     worker.recent.append((now, now - worker.busy_since))
                     worker.busy_since = None
         finally:
-            worker.lock.release()
+            worker.gate.release()
         if ok:
             return payload
         kind, message = payload
@@ -400,7 +406,9 @@ class WorkerPool:
             raise ValueError(message)
         raise RemoteError(kind, message)
 
-    def create(self, key: str, task_id: str, mode: str, config, profile, memory_snapshot=None) -> RemoteEpisode:
+    def create(
+        self, key: str, task_id: str, mode: str, config, profile, memory_snapshot=None, owner=None
+    ) -> RemoteEpisode:
         self.start()
         for attempt in range(2):  # one queued behind a request that got its worker killed goes to the replacement
             with self._state:
@@ -409,7 +417,13 @@ class WorkerPool:
                 generation = worker.generation
             try:
                 messages, info = self._request(
-                    worker, generation, SHORT_REQUEST_S, "create", key, task_id, mode, config, profile, memory_snapshot
+                    worker,
+                    generation,
+                    owner,
+                    SHORT_REQUEST_S,
+                    "create",
+                    key,
+                    *(task_id, mode, config, profile, memory_snapshot),
                 )
                 break
             except _ReplacedBeforeSent:
@@ -421,7 +435,7 @@ class WorkerPool:
                 with self._state:
                     worker.episodes.pop(key, None)
                 raise
-        handle = RemoteEpisode(self, worker, generation, key, messages, info)
+        handle = RemoteEpisode(self, worker, generation, key, messages, info, owner)
         handle._create_args = (task_id, mode, config, profile, memory_snapshot)
         with self._state:
             if key in worker.episodes:  # not lost while it was being created
@@ -434,13 +448,13 @@ class WorkerPool:
         for worker in self._workers:
             if worker.process is None or worker.process.poll() is None:
                 continue
-            if worker.lock.acquire(blocking=False):  # a busy one is handled by its request
+            if worker.gate.try_acquire():  # a busy one is handled by its request
                 try:
                     if worker.process.poll() is not None:
                         self._kill(worker, f"exited with code {worker.process.returncode}")
                         replaced += 1
                 finally:
-                    worker.lock.release()
+                    worker.gate.release()
         return replaced
 
     def _busy_share(self, worker: _Worker, now: float) -> float:
@@ -591,8 +605,9 @@ class RemoteEpisode:
     while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost.
     """
 
-    def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info):
+    def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info, owner=None):
         self._pool, self._worker, self._generation, self._key = pool, worker, generation, key
+        self._owner = owner  # whose usage its requests are charged to
         self._messages = messages
         self.info = info
         self.terminated = False
@@ -607,7 +622,7 @@ class RemoteEpisode:
 
     def step(self, assistant_text: str):
         budget = self._pool.limits.message_budget_s
-        result = self._pool._request(self._worker, self, budget, "step", self._key, assistant_text)
+        result = self._pool._request(self._worker, self, self._owner, budget, "step", self._key, assistant_text)
         self.terminated = result.terminated
         self._remember(assistant_text, result)
         return result
@@ -621,12 +636,12 @@ class RemoteEpisode:
 
     def evaluate(self, reward_cfg=None) -> dict:
         budget = self._pool.limits.evaluate_budget_s
-        return self._pool._request(self._worker, self, budget, "evaluate", self._key, reward_cfg)
+        return self._pool._request(self._worker, self, self._owner, budget, "evaluate", self._key, reward_cfg)
 
     def close(self) -> None:
         self._pool.forget(self._worker, self._key)
         try:
-            self._pool._request(self._worker, self, SHORT_REQUEST_S, "close", self._key)
+            self._pool._request(self._worker, self, self._owner, SHORT_REQUEST_S, "close", self._key)
         except (WorkerLost, WorkerBusy):
             pass  # nothing left to free
         finally:  # a replacement's replay, which this request waited for, listed it again: else the next kill revives it

@@ -17,6 +17,7 @@ import re
 import signal
 import socket
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -244,6 +245,44 @@ def test_a_queue_on_one_episode_is_refused_at_once_and_spares_the_others(service
     for instance_id in (hostile, innocent, innocent_mine, *spares):
         requests.post(service.url + "/release", json={"instance_id": instance_id}, timeout=30)
     neighbour.close()
+
+
+def test_a_clients_many_budget_busting_episodes_delay_another_clients_steps_by_one_message_at_most():
+    """Ours: the queue spread over many episodes of one client. Each of its 8 episodes keeps a message in flight
+    that runs to the budget, all on the one worker that the innocent episode shares; the innocent's create and
+    steps go ahead of them (its owner used the worker least), waiting only for the message that is running."""
+    budget = LIMITS.message_budget_s
+    with ServerThread(EpisodeManager(workers=1, limits=LIMITS)) as server:
+        with EnvClient(server.url, retries=0, timeout_s=120, run_id="hostile") as attacker:
+            hostile = [attacker.create(FS_TASK, "validate")["instance_id"] for _ in range(8)]
+            for instance_id in hostile:
+                for message in aliasing_messages():  # after these, each find runs to its budget
+                    attacker.step(instance_id, message)
+            stop = threading.Event()
+
+            def keep_busy(instance_id: str) -> None:
+                while not stop.is_set():
+                    attacker.step(instance_id, _call("find", path="."))
+
+            with ThreadPoolExecutor(len(hostile)) as pool:
+                futures = [pool.submit(keep_busy, instance_id) for instance_id in hostile]
+                time.sleep(2 * budget)  # every hostile episode has a message queued or running
+                waits = []
+                with EnvClient(server.url, retries=0, timeout_s=120, run_id="innocent") as innocent:
+                    started = time.monotonic()
+                    instance_id = innocent.create(TASK, "validate")["instance_id"]
+                    waits.append(time.monotonic() - started)
+                    for message in replay.ground_truth_messages(tasks.load_task(TASK)):
+                        started = time.monotonic()
+                        innocent.step(instance_id, message)
+                        waits.append(time.monotonic() - started)
+                    verdict = innocent.evaluate(instance_id, release=True)
+                stop.set()
+                for future in futures:
+                    future.result()
+    assert verdict["valid"] is True
+    # before: each step waited behind most of the 8 queued messages (~8 budgets)
+    assert max(waits) < 2 * budget, waits
 
 
 # -- class 6: owners and their profiles ---------------------------------------------------------------

@@ -507,3 +507,21 @@ def test_evaluate_uses_the_config_reward_block():
     from env_service.config import RewardConfig
 
     assert episode.evaluate(RewardConfig())["reward"] == 0.0  # an explicit reward config wins
+
+
+def test_reading_a_message_counts_against_its_time_budget():
+    """A message whose calls take longer to read than the message's budget is refused unread (nothing runs, the turn
+    records a parse error) and the episode goes on; with the usual budget the same message is read and refused for
+    its call count."""
+    from env_service.config import ServiceLimits
+
+    slow_to_read = "[" + ", ".join(["ls(a=[" + ",".join(["1"] * 500) + "])"] * 250) + "]"  # ~0.5 s of reading
+    config = EnvConfig.from_dict({"tool_prompt_mode": "toolace_llama"})
+    tight = Episode(load_task("multi_turn_base_0"), "validate", config, limits=ServiceLimits(message_budget_s=0.01))
+    reply = tight.step(slow_to_read)
+    assert "could not be read within its time budget of 0.01 s" in reply.message["content"]
+    assert reply.info["error_type"] == "parse_error" and not reply.terminated
+    assert tight.step("[ls()]").info["num_calls"] == 1  # the episode goes on
+    assert any("time budget" in error for error in tight.turn_records[0].parse_errors)  # the verifier sees it
+    usual = Episode(load_task("multi_turn_base_0"), "validate", config)
+    assert "250 tool calls in one message" in usual.step(slow_to_read).message["content"]

@@ -512,3 +512,22 @@ def test_time_limit_gives_an_outer_alarm_back():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _spin_holding(box: list) -> None:
+    junk = box.pop()  # now only this frame holds it: freed when the stopped call's frame is cleared (~0.1 s of C)
+    while junk:
+        pass
+
+
+def test_a_stopped_call_that_takes_long_to_unwind_is_stopped_once():
+    """The timer keeps ticking while a stopped call unwinds; a tick during the cleanup (here, freeing what the call
+    built) must not interrupt the interruption. Before, the second tick escaped as a bare BaseException, and one that
+    landed after the handler was restored killed the process with SIGALRM."""
+    from env_service.executor import CallOverBudget, time_limit
+
+    for _ in range(3):
+        box = [[[k] for k in range(2_000_000)]]
+        with pytest.raises(CallOverBudget, match="its time budget"):
+            with time_limit(0.05):
+                _spin_holding(box)
