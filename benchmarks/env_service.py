@@ -50,6 +50,7 @@ from env_service import (  # noqa: E402
     replay,
     tasks,
 )
+from env_service.auth import RUN_ID_HEADER  # noqa: E402
 from env_service.client import EnvClient, InProcessEnvClient  # noqa: E402
 
 SLOWDOWN_TARGET = 3.0
@@ -311,13 +312,40 @@ def _busy_queue(client, stop) -> None:
             list(pool.map(lambda _: requests.post(client.url + "/step", json=body, timeout=60), range(80)))
 
 
+def _busy_episodes(client, stop) -> dict:
+    """Budget-busting ``find``s on 16 episodes at once, each with a message always queued or running: the innocent's
+    requests go first on the workers (its owner used them least), so it waits for the running message only."""
+    import requests
+
+    def prepared() -> str:
+        iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+        for message in aliasing_messages():
+            client.step(iid, message)
+        return iid
+
+    episodes = [prepared() for _ in range(16)]
+    steps = []
+
+    def keep_busy(iid: str) -> None:
+        body = {"instance_id": iid, "content": _call("find", path=".")}
+        while not stop.is_set():
+            response = requests.post(client.url + "/step", json=body, headers={RUN_ID_HEADER: "attacker"}, timeout=600)
+            steps.append(response.status_code)
+
+    with ThreadPoolExecutor(len(episodes)) as pool:
+        list(pool.map(keep_busy, episodes))
+    for iid in episodes:
+        client.release(iid)
+    return {"attacker messages answered": f"{steps.count(200)}/{len(steps)}"}
+
+
 def _minted_run_ids(client, stop) -> None:
     import requests
 
     for k in itertools.count():
         if stop.is_set():
             break
-        requests.post(client.url + "/profile", json={"profile": {}}, headers={"X-Seal-Run-Id": f"mint-{k}"}, timeout=30)
+        requests.post(client.url + "/profile", json={"profile": {}}, headers={RUN_ID_HEADER: f"mint-{k}"}, timeout=30)
 
 
 def _connection_hoard(client, stop) -> None:
@@ -456,6 +484,7 @@ ATTACKS = {
     "refused-call floods": _refused_call_floods,
     "guessed and reused ids": _guessed_ids,
     "80 requests queued on one episode": _busy_queue,
+    "16 episodes with budget-busting messages queued": _busy_episodes,
     "minted run ids": _minted_run_ids,
     "connection hoarding": _connection_hoard,
     "web fetches of loopback addresses": _forged_fetches,

@@ -65,6 +65,9 @@ def test_benchmark_quick_runs(tmp_path):
     refused, fetches = map(int, web["fetches refused"].split("/"))
     assert web["connections to refused targets"] == 0 and refused == fetches > 0
     assert classes["its episode kills its worker"]["attack_figures"]["attacker episodes lost with their worker"] > 0
+    # the innocent's requests go first on the workers: it waits for the running message, not the 8 queued on each
+    # worker (before: p99 ~12x the budget); bound generous for a busy machine
+    assert classes["16 episodes with budget-busting messages queued"]["p99_over_budget"] < 4
     assert stopped["health_503_after_s"] < HEARTBEAT_TIMEOUT_S + 3 and stopped["scratch_episode_folders"] == 0
     # Attacks that hold no worker for long leave the innocent's p99 far below 2x the budget even on a busy machine
     # (a killed worker costs the innocent episodes on it the attacker's message and their replay).
