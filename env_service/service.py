@@ -120,7 +120,14 @@ class SafeJSONResponse(JSONResponse):
             )
 
 
+#: Longest ``detail`` of an error body. Details quote what the client sent (an unknown config key, a bad value),
+#: which may be a megabyte: like every reply, an error has a bound.
+MAX_ERROR_DETAIL_CHARS = 2000
+
+
 def _error(status: int, code: str, detail: str) -> SafeJSONResponse:
+    if len(detail) > MAX_ERROR_DETAIL_CHARS:
+        detail = f"{detail[:MAX_ERROR_DETAIL_CHARS]}... [{len(detail) - MAX_ERROR_DETAIL_CHARS} more characters]"
     return SafeJSONResponse({"error": code, "detail": detail}, status_code=status)
 
 

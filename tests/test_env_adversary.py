@@ -123,6 +123,22 @@ def test_parse_error_floods_are_clipped_and_count_a_few_errors(service, mode, me
         client.release(instance_id)
 
 
+def test_error_bodies_that_quote_the_request_are_clipped(service):
+    """Ours: the HTTP error path. A megabyte-long unknown config key, bad value or reward key came back whole in the
+    error's detail (1,000,238 bytes); the detail is cut, and still names the problem."""
+    big = "k" * 1_000_000
+    bodies = [
+        ("/create", {"task_id": TASK, "mode": "validate", "params": {big: 1}}),
+        ("/create", {"task_id": TASK, "mode": "validate", "params": {"tool_prompt_mode": big}}),
+        ("/evaluate", {"instance_id": "ep_0", "reward": {big: 1}}),
+    ]
+    for path, body in bodies:
+        response = requests.post(service.url + path, json=body, timeout=60)
+        assert response.status_code == 422, response.text[:300]
+        assert len(response.content) < 4096, len(response.content)
+        assert response.json()["error"] == "invalid_config" and "config key" in response.json()["detail"]
+
+
 # -- class 5: ids minted by the service; episodes answer only their owner --------------------------------
 
 
