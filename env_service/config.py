@@ -287,6 +287,11 @@ class ServiceLimits(_Block):
     # its prompt), measured like the state (executor.state_size); beyond it the episode ends with a text.
     max_episode_bytes: int = _opt(16 * 1024 * 1024, _int(minimum=64 * 1024))
     max_state_bytes: int = _opt(8 * 1024 * 1024, _int(minimum=1024))
+    # What all the live episodes of one owner (run id, else client address) keep together: their records and last
+    # measured states in the workers, and their messages in the service (kept to rebuild them after a worker loss).
+    # Beyond it the owner's steps and creates are refused until it releases episodes; one owner then stays well
+    # inside a worker's worker_memory_mib (a ground-truth episode keeps 100 KB at most).
+    max_owner_bytes: int = _opt(1024 * 1024 * 1024, _int(minimum=1024 * 1024))
     max_episodes: int = _opt(4096, _int(minimum=1))
     max_episodes_per_owner: int = _opt(1024, _int(minimum=1))
     idle_timeout_s: float = _opt(600.0, _float(0.0))

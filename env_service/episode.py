@@ -23,7 +23,9 @@ Limits (:class:`~env_service.config.ServiceLimits`; every refusal is a text the 
   ``budget_exceeded``;
 * the reply is cut to ``max_reply_bytes`` with a marker;
 * after each message the backend state is measured (:func:`~env_service.executor.state_size`); above
-  ``max_state_bytes`` the reply says so and tool calls are refused for the rest of the episode.
+  ``max_state_bytes`` the reply says so and tool calls are refused for the rest of the episode;
+* every reply reports what the episode keeps (``info["kept_bytes"]``: records and state), which the service adds
+  up per owner (``max_owner_bytes``).
 
 The episode records, per user turn, the evidence the verifier needs (accepted calls, parse errors,
 rejected calls) and :meth:`Episode.evaluate` scores it. Train-only interface features (observation-lite,
@@ -133,7 +135,8 @@ class Episode:
         self._records: list[TurnRecord] = [TurnRecord(calls=[], exec_results=[])]
         self._num_steps = 0
         self._terminated = False
-        self._kept_bytes = 0  # what this episode keeps between messages (records), see _over_memory
+        self._kept_bytes = 0  # what this episode keeps between messages (records), see _keeps
+        self._state_bytes = 0  # its backend state as last measured (_check_state)
         self._obs_lite = self._active(self.config.observation_lite)
         self._feedback = self._active(self.config.tool_feedback_evolution)
         cues = self._capability_cues(profile)
@@ -147,12 +150,20 @@ class Episode:
             "capability_cue_lines": cues.count("\n- ") if cues else 0,
         }
         self._kept_bytes = state_size([self._system, self.initial_messages()], self.limits.max_episode_bytes)
+        self.info["kept_bytes"] = self.kept_bytes
 
     # -- public API -----------------------------------------------------------------------------
 
     @property
     def terminated(self) -> bool:
         return self._terminated
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the episode keeps now: its records and its backend state as last measured. Every reply reports it
+        (``info["kept_bytes"]``, the creation's info too), so the service totals an owner's episodes
+        (``max_owner_bytes``) without asking the worker that holds them."""
+        return self._kept_bytes + self._state_bytes
 
     @property
     def turn(self) -> int:
@@ -286,6 +297,7 @@ class Episode:
             "num_parse_errors": 0,
             "num_tool_errors": 0,
             "advanced": False,
+            "kept_bytes": self.kept_bytes,
             **info,
         }
         # Every reply, whatever produced it, within max_reply_bytes (its messages together).
@@ -301,7 +313,8 @@ class Episode:
 
     def _keeps(self, arguments: list[dict]) -> bool:
         """Charge the arguments (the verifier replays them) and results of accepted calls to the episode's
-        budget; False when they do not fit (then nothing of the message is run or kept)."""
+        budget, the results at ``max_reply_bytes`` until they are known (``_execute`` settles it); False when they
+        do not fit (then nothing of the message is run or kept)."""
         limit = self.limits.max_episode_bytes
         cost = state_size(arguments, max(limit - self._kept_bytes, 0)) + self.limits.max_reply_bytes
         if self._kept_bytes + cost > limit:
@@ -428,7 +441,10 @@ class Episode:
     def _check_state(self, record: TurnRecord, first: int) -> str:
         """After a message: refuse tools for good when the state has grown past its limit ("" if fine)."""
         limit = self.limits.max_state_bytes
-        if self._tools_refused or state_size(dict(self._session.instances), limit) <= limit:
+        if self._tools_refused:  # the state no longer changes
+            return ""
+        self._state_bytes = state_size(dict(self._session.instances), limit)
+        if self._state_bytes <= limit:
             return ""
         self._tools_refused = (
             f"tool calls are refused: this episode's environment state grew past its limit of {limit} bytes"
@@ -463,6 +479,7 @@ class Episode:
                         result, str(call.name), self.tool_names, self.config.tool_feedback_evolution
                     )
             results.append(text)
+        self._kept_bytes -= room  # _keeps reserved max_reply_bytes for the results: only what they kept stays charged
         state_error = self._check_state(record, first)
         contents = clip_texts(prompts.tool_result_messages(results, mode), self.limits.max_reply_bytes)
         contents[-1] += state_error

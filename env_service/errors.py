@@ -79,6 +79,13 @@ class CapacityExceeded(ManagerError):
     status, code = 503, "capacity_exceeded"
 
 
+class OwnerMemoryExceeded(ManagerError):
+    """The owner's live episodes keep more than ``max_owner_bytes`` together; it must release some before it creates
+    or steps more (429: a client backs off and retries, and its other episodes may be released meanwhile)."""
+
+    status, code = 429, "owner_memory_exceeded"
+
+
 class EpisodeFailure(ManagerError):
     """An unexpected exception inside an episode (a bug on our side; logged with its traceback)."""
 
@@ -102,6 +109,7 @@ __all__ = [
     "InvalidConfig",
     "InvalidContent",
     "ManagerError",
+    "OwnerMemoryExceeded",
     "PayloadTooLarge",
     "TaskUnavailable",
     "UnknownInstance",

@@ -53,6 +53,7 @@ from env_service.errors import (
     InvalidConfig,
     InvalidContent,
     ManagerError,
+    OwnerMemoryExceeded,
     PayloadTooLarge,
     TaskUnavailable,
     UnknownInstance,
@@ -173,6 +174,7 @@ class _Slot:
     owner: str | None = None  # the run (or client address) that created it; no one else may use it
     request_key: tuple | None = None  # (owner, request_id) of the create that started it
     run_id: str | None = None  # whose failure profile it got
+    kept_bytes: int = 0  # what it keeps, as its last reply said (info["kept_bytes"]); counted in its owner's total
 
 
 class EpisodeManager:
@@ -211,6 +213,8 @@ class EpisodeManager:
         self._lock = threading.Lock()
         self._slots: dict[str, _Slot] = {}
         self._requests: dict[tuple, _Slot] = {}  # (owner, request_id) -> the live episode that create started
+        # owner -> what its live episodes keep together (the sum of their slots' kept_bytes; max_owner_bytes)
+        self._owner_bytes: dict[str | None, int] = {}
         # run id ("" for requests that name none) -> {"profile", "version", "updated_at"}, oldest push first
         self._profiles: OrderedDict[str, dict] = OrderedDict()
         self._profile_version = 0
@@ -376,7 +380,7 @@ class EpisodeManager:
         initial = json_safe({"instance_id": instance_id, "messages": messages, "info": info})
         now = self._clock()
         slot = _Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner)
-        slot.request_key, slot.run_id = request_key, run_id
+        slot.request_key, slot.run_id, slot.kept_bytes = request_key, run_id, info["kept_bytes"]
         self._register(slot)
         return copy.deepcopy(initial)
 
@@ -385,18 +389,13 @@ class EpisodeManager:
         with self._lock:
             if slot.request_key is not None and slot.request_key in self._requests:
                 problem: ManagerError | None = Conflict(f"request_id {slot.request_key[1]!r} is already in use")
-            elif len(self._slots) >= self.max_episodes:
-                problem = CapacityExceeded(
-                    f"{len(self._slots)} live episodes (limit {self.max_episodes}); "
-                    f"release finished episodes or retry later"
-                )
-            elif self._owned(slot.owner) >= self.limits.max_episodes_per_owner:
-                problem = self._owner_full(slot.owner)
             else:
-                problem = None
+                problem = self._capacity_problem(slot.owner)
+            if problem is None:
                 self._slots[slot.instance_id] = slot
                 if slot.request_key is not None:
                     self._requests[slot.request_key] = slot
+                self._add_owner_bytes(slot.owner, slot.kept_bytes)
                 self._counts["created"] += 1
         if problem is not None:
             self._close(slot)
@@ -481,6 +480,7 @@ class EpisodeManager:
         """Take a slot out of the registry (call with ``_lock`` held)."""
         if self._slots.get(slot.instance_id) is slot:
             del self._slots[slot.instance_id]
+            self._add_owner_bytes(slot.owner, -slot.kept_bytes)
         if slot.request_key is not None and self._requests.get(slot.request_key) is slot:
             del self._requests[slot.request_key]
 
@@ -494,20 +494,48 @@ class EpisodeManager:
             f"already, its limit; release finished episodes or retry later"
         )
 
+    def _add_owner_bytes(self, owner: str | None, change: int) -> None:
+        """Add ``change`` to what ``owner``'s live episodes keep (call with ``_lock`` held); an owner keeping
+        nothing leaves no entry, so owners that come and go do not pile up."""
+        total = self._owner_bytes.get(owner, 0) + change
+        if total:
+            self._owner_bytes[owner] = total
+        else:
+            self._owner_bytes.pop(owner, None)
+
+    def _owner_over_memory(self, owner: str | None) -> OwnerMemoryExceeded | None:
+        """The refusal for ``owner`` when its live episodes keep more than ``max_owner_bytes`` (call with
+        ``_lock`` held); None when they do not."""
+        kept, limit = self._owner_bytes.get(owner, 0), self.limits.max_owner_bytes
+        if kept <= limit:
+            return None
+        return OwnerMemoryExceeded(
+            f"the live episodes of this client ({owner or 'anonymous'}) keep {kept} bytes together, over its limit "
+            f"of {limit} bytes (max_owner_bytes); evaluate and release finished episodes before creating or "
+            f"stepping more"
+        )
+
+    def _capacity_problem(self, owner: str | None) -> ManagerError | None:
+        """Why a new episode of ``owner`` cannot start now, or None (call with ``_lock`` held)."""
+        if len(self._slots) >= self.max_episodes:
+            return CapacityExceeded(
+                f"{len(self._slots)} live episodes (limit {self.max_episodes}); release finished episodes or "
+                f"retry later"
+            )
+        if self._owned(owner) >= self.limits.max_episodes_per_owner:
+            return self._owner_full(owner)
+        return self._owner_over_memory(owner)
+
     def _ensure_capacity(self, owner: str | None = None) -> None:
         with self._lock:
-            live, owned = len(self._slots), self._owned(owner)
-        if live < self.max_episodes and owned < self.limits.max_episodes_per_owner:
+            problem = self._capacity_problem(owner)
+        if problem is None:
             return
-        self.reclaim_idle()
+        self.reclaim_idle()  # idle episodes may be what takes the room
         with self._lock:
-            live, owned = len(self._slots), self._owned(owner)
-        if live >= self.max_episodes:
-            raise CapacityExceeded(
-                f"{live} live episodes (limit {self.max_episodes}); release finished episodes or retry later"
-            )
-        if owned >= self.limits.max_episodes_per_owner:
-            raise self._owner_full(owner)
+            problem = self._capacity_problem(owner)
+        if problem is not None:
+            raise problem
 
     # -- step ----------------------------------------------------------------------------------
 
@@ -531,7 +559,9 @@ class EpisodeManager:
                 raise Conflict(
                     f"episode {slot.instance_id!r} has terminated after {slot.steps} steps; evaluate and release it"
                 )
+            self._check_owner_memory(slot.owner)
             result = self._guard("step", slot, self._step_episode, slot, content)
+            self._note_kept(slot, result["info"]["kept_bytes"])
             slot.steps += 1
             slot.terminated = bool(result["terminated"])
             slot.last_step, slot.last_content = result, content
@@ -540,6 +570,21 @@ class EpisodeManager:
             self._unlock(slot)
         self._count("steps")
         return copy.deepcopy(result)
+
+    def _check_owner_memory(self, owner: str | None) -> None:
+        """Refuse a step of an owner whose live episodes keep more than its budget, before it reaches the episode
+        (a step can only add to what they keep; evaluate and release, which free it, are never refused)."""
+        with self._lock:
+            problem = self._owner_over_memory(owner)
+        if problem is not None:
+            raise problem
+
+    def _note_kept(self, slot: _Slot, kept_bytes: int) -> None:
+        """Record what the episode keeps after a step in its slot and its owner's total."""
+        with self._lock:
+            if self._slots.get(slot.instance_id) is slot:  # else released meanwhile: out of its owner's total already
+                self._add_owner_bytes(slot.owner, kept_bytes - slot.kept_bytes)
+            slot.kept_bytes = kept_bytes
 
     def _check_seq(self, slot: _Slot, seq: int | None, content: str) -> dict | None:
         if seq is None or seq == slot.steps:
@@ -759,6 +804,7 @@ class EpisodeManager:
             slots = list(self._slots.values())
             self._slots.clear()
             self._requests.clear()
+            self._owner_bytes.clear()
             self._counts["released"] += len(slots)
         if self._pool is not None:  # stopping the workers frees everything; a hung one must not delay it
             for slot in slots:

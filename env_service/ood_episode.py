@@ -95,7 +95,9 @@ class OodEpisode(Episode):
             raise ValueError(f"{task.id} takes no memory snapshot (not a memory task)")
         self._snapshot_in = check_snapshot(memory_snapshot)
         self._snapshot_out: dict | None = None
-        self._answers: list[str] = []  # the messages that ran no tool call, in order
+        # The last message that ran no tool call: all the checker reads (keeping every one would keep up to
+        # max_steps messages beyond what the episode counts as kept).
+        self._answer: str | None = None
         # Inside the service's scratch root, so a killed worker's folders go when the service stops.
         self._scratch = tempfile.mkdtemp(prefix="seal-ood-", dir=scratch_root())
         try:
@@ -147,13 +149,13 @@ class OodEpisode(Episode):
         result = super().step(assistant_text)
         info = result.info
         if not info.get("num_calls") and info.get("error_type") in (None, STEP_PARSE_ERROR):
-            self._answers.append(assistant_text)
+            self._answer = assistant_text
         return result
 
     @property
     def answer(self) -> str | None:
         """The message the checker reads: the last one that ran no tool call (None before there is one)."""
-        return self._answers[-1] if self._answers else None
+        return self._answer
 
     def memory_snapshot(self) -> dict | None:
         """What bfcl's backend flushes now (prerequisites only; None otherwise); the last one after close."""

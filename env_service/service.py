@@ -15,9 +15,10 @@ Endpoints (routes built from :data:`env_service.endpoints.ENDPOINTS`; JSON bodie
 Status codes: 400 bad request, 404 unknown task / instance / route (an episode of another owner reads as
 unknown), 409 conflict (a request id reused for another request, stepping a finished episode, wrong ``seq``;
 ``episode_busy`` while another request on the episode runs), 413 body or content too large, 422 malformed JSON,
-wrong field types or invalid config, 429 too many requests in flight for one owner or too many run ids for one
-address, 503 too many live episodes or connections, 500 only for a bug on our side (short message; the traceback
-goes to the server log, never into the response).
+wrong field types or invalid config, 429 too many requests in flight for one owner, too many run ids for one
+address, or an owner whose live episodes keep more than ``max_owner_bytes`` (``owner_memory_exceeded``), 503 too
+many live episodes or connections, 500 only for a bug on our side (short message; the traceback goes to the server
+log, never into the response).
 
 Compared with the released environment's service: typed per-endpoint bodies instead of one generic envelope, no
 ``{"success", "data"}`` wrapper, errors never carry tracebacks, and episode work runs in a thread pool

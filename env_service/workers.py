@@ -602,7 +602,9 @@ class RemoteEpisode:
     """The manager's handle on an episode that lives in a worker (the same methods as ``Episode``).
 
     It keeps what a replay needs (the create arguments, each accepted message with a fingerprint of its reply)
-    while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost.
+    while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost. Each
+    reply's ``info["kept_bytes"]`` (what the episode keeps in its worker) gets the messages counted here added, so
+    that it says what the episode costs both processes.
     """
 
     def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info, owner=None):
@@ -625,6 +627,7 @@ class RemoteEpisode:
         result = self._pool._request(self._worker, self, self._owner, budget, "step", self._key, assistant_text)
         self.terminated = result.terminated
         self._remember(assistant_text, result)
+        result.info["kept_bytes"] += self._history_bytes
         return result
 
     def _remember(self, content: str, result) -> None:
