@@ -726,6 +726,10 @@ def _uvicorn_config(app, host: str, port: int, log_level: str, access_log: bool,
         access_log=access_log,
         lifespan="on",
         http=guarded_protocol(limits),
+        # No WebSocket endpoints: an upgrade request is plain HTTP (404). With upgrades on, uvicorn handed the
+        # connection to its WebSocket protocol, beyond every limit here and without closing its record: each
+        # upgrade from loopback held a connection slot for good, and 1,024 of them locked loopback out.
+        ws="none",
         timeout_keep_alive=limits.keep_alive_s,
         limit_concurrency=limits.max_connections,
     )

@@ -152,6 +152,20 @@ def test_kept_alive_connections_survive_pauses_between_requests(server):
             time.sleep(READ_TIMEOUT_S * 1.5)
 
 
+def test_websocket_upgrades_are_plain_requests_and_hold_no_connection_slot():
+    limits = HttpLimits(max_connections=120, max_connections_per_peer=5)
+    upgrade = get(
+        b"Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n",
+        path=b"/ws",
+    ).replace(b"Connection: close", b"Connection: Upgrade")
+    with ServerThread(EpisodeManager(), limits=limits) as server:
+        for _ in range(2 * limits.max_connections_per_peer):  # ours: each one used to keep its slot for good
+            with connect(server) as sock:
+                sock.sendall(upgrade)
+                assert status_of(sock.recv(65536)) == 404  # before: 403 from uvicorn's WebSocket protocol
+        assert status_of(send_and_read(server, get())) == 200  # before: 503 too_many_connections
+
+
 def test_server_healthy_after_the_abuse(server):
     assert server.alive()
     assert EnvClient(server.url, retries=0).health()["status"] == "ok"
