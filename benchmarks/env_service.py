@@ -2,6 +2,7 @@
 
     python benchmarks/env_service.py            # full: 400 held-out tasks, 5,000-episode memory run
     python benchmarks/env_service.py --quick    # smoke version (a test runs it so the script cannot rot)
+    python benchmarks/env_service.py --only "slow bodies from loopback addresses"   # one attack class of 5. alone
 
 Measures, on the ground-truth replay of the held-out split (every episode: create, one message per GT
 turn with the calls plus one plain-text message per turn, evaluate, release):
@@ -17,14 +18,16 @@ turn with the calls plus one plain-text message per turn, evaluate, release):
    alias each other, 2**40 entries), on a service with a 1 s message budget and 2 workers; then the same
    innocent client (4 episodes live at a time, so some share the attacker's worker) while each attack class of
    :data:`ATTACKS` and :data:`WORKER_ATTACKS` runs (step p99, episodes lost, RSS growth, the attack's own figures:
-   ids answered that were not the attacker's, wrong verdicts, connections to refused fetch targets, worker kills);
+   ids answered that were not the attacker's, wrong verdicts, connections to refused fetch targets, worker kills,
+   slow-body connections the service closed);
    and a stopped (SIGSTOP) worker: seconds until /health says 503, the other worker's innocent episode meanwhile,
    and the scratch folders left after repeated worker kills;
 6. the service's RSS (main process + workers) after 500 and after 5,000 episodes (fresh service; psutil).
 
 Targets: HTTP@32 within 3x of in-process (slowdown = in-process eps / HTTP@32 eps <= 3); 2 workers >= 1.6x
 1 worker (needs 2 idle cores); innocent p99 <= 2x the message budget; memory flat (RSS after 5,000 / after
-500 close to 1). Exit code 1 when a replay has errors or unexpected failures.
+500 close to 1). Exit code 1 when a replay has errors or unexpected failures (with ``--only``: when an innocent
+episode was lost).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -78,12 +82,15 @@ class ServiceProcess:
             **(env or {}),
             "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         }
+        # A file, not a pipe nobody reads: a service that logs a warning per refused request would block once
+        # 64 KiB of them filled the pipe.
+        self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "env_service", "serve", "--port", str(self.port), "--log-level", "warning", *flags],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
         )
 
     def __enter__(self) -> ServiceProcess:
@@ -91,7 +98,8 @@ class ServiceProcess:
         deadline = time.monotonic() + 120
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited: {self.proc.stderr.read().decode()[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"service exited: {self.log.read().decode()[-2000:]}")
             try:
                 client.health()
                 return self
@@ -120,6 +128,7 @@ class ServiceProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,6 +370,56 @@ def _connection_hoard(client, stop) -> None:
         sock.close()
 
 
+#: Where each slow-body connection comes from: more than the service's 1,024 per address from 127.0.0.1 alone, and
+#: more from other loopback addresses (any process here may bind them; the service counts all of loopback as one).
+SLOW_BODY_SOURCES = ["127.0.0.1"] * 1100 + [f"127.0.0.{2 + k % 10}" for k in range(100)]
+SLOW_BODY_START = (
+    b"POST /step HTTP/1.1\r\nHost: slow\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+)
+
+
+def _slow_bodies(client, stop) -> dict:
+    """A request body trickled a byte a second on each of ``SLOW_BODY_SOURCES``' connections, each reopened when the
+    service closes it. Unless shed, such a connection is held for the read timeout (30 s): before the service shed
+    them, 1,024 from 127.0.0.1 locked every other loopback client out (503)."""
+    host, port = client.url.rsplit("/", 1)[-1].split(":")
+    held: list[socket.socket | None] = [None] * len(SLOW_BODY_SOURCES)
+    opened = closed = 0
+    while not stop.is_set():
+        for slot, source in enumerate(SLOW_BODY_SOURCES):
+            if held[slot] is not None and not _trickled(held[slot]):
+                held[slot].close()
+                held[slot], closed = None, closed + 1
+            if held[slot] is None and not stop.is_set():
+                held[slot] = socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
+                held[slot].sendall(SLOW_BODY_START)
+                held[slot].setblocking(False)
+                opened += 1
+        stop.wait(1.0)
+    for sock in held:
+        if sock is not None:
+            sock.close()
+    return {"slow-body connections opened": opened, "closed by the service": closed}
+
+
+def _trickled(sock: socket.socket) -> bool:
+    """One more byte of the body (JSON whitespace) on ``sock``; False when the service has closed it."""
+    try:
+        sock.recv(1)
+        return False  # the service closed it, or answered it (a refusal): done
+    except BlockingIOError:
+        pass  # nothing to read: still open
+    except OSError:
+        return False
+    try:
+        sock.send(b" ")
+    except BlockingIOError:
+        pass  # the service is not reading it yet: this byte waits
+    except OSError:
+        return False
+    return True
+
+
 def _guessed_ids(client, stop) -> dict:
     """Ids that are not the attacker's to use: random ``ep_`` ids, released ones, its own live episode asked for
     under another run id, and a reused ``request_id`` whose first episode passed (its verdict must not answer)."""
@@ -487,6 +546,7 @@ ATTACKS = {
     "16 episodes with budget-busting messages queued": _busy_episodes,
     "minted run ids": _minted_run_ids,
     "connection hoarding": _connection_hoard,
+    "slow bodies from loopback addresses": _slow_bodies,
     "web fetches of loopback addresses": _forged_fetches,
 }
 #: Attacks that need a service of their own (flags): a worker killed by its episode.
@@ -567,23 +627,35 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
     }
 
 
-def innocent_under_attacks(task_ids: list[str], min_s: float, worker_kills: int) -> dict:
+def innocent_under_attacks(task_ids: list[str], min_s: float, worker_kills: int, only: str | None = None) -> dict:
     """Per attack class: an innocent client's GT replays while the class runs (step p99 against the message
-    budget, episodes lost or failed) and how much the service and its workers grew; then a stopped worker."""
+    budget, episodes lost or failed) and how much the service and its workers grew; then a stopped worker.
+    ``only``: that class alone (no stopped worker)."""
     from env_service.ood_tasks import SERPAPI_KEY_ENV
 
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
     flags += ("--reclaim-interval-s", "0.2")  # a worker killed between requests is replaced at once
     ids = [t for t in task_ids if t not in replay.EXPECTED_FAILURES]
     fake_key = {SERPAPI_KEY_ENV: "not-a-real-key"}  # the fetch needs no search; nothing leaves the machine
-    with ServiceProcess(*flags, env=fake_key) as service:
-        figures = {name: _innocent_during(service, attack, ids, min_s) for name, attack in ATTACKS.items()}
-        stopped = stopped_worker(service, ids, worker_kills)
-    # No grace, and room for the find to run into its time budget rather than its memory budget: each such message
-    # leaves its worker past the deadline, so the worker is killed (and its innocent episodes rebuilt).
-    with ServiceProcess(*flags, "--worker-grace-s", "0", "--call-memory-mib", "4096") as service:
-        figures.update({name: _innocent_during(service, attack, ids, min_s) for name, attack in WORKER_ATTACKS.items()})
-    return {"classes": figures, "stopped_worker": stopped}
+    attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)
+    figures, stopped = {}, {}
+    if attacks:
+        with ServiceProcess(*flags, env=fake_key) as service:
+            figures = {name: _innocent_during(service, attack, ids, min_s) for name, attack in attacks.items()}
+            if only is None:
+                stopped["stopped_worker"] = stopped_worker(service, ids, worker_kills)
+    if worker_attacks:
+        # No grace, and room for the find to run into its time budget rather than its memory budget: each such
+        # message leaves its worker past the deadline, so the worker is killed (and its innocent episodes rebuilt).
+        with ServiceProcess(*flags, "--worker-grace-s", "0", "--call-memory-mib", "4096") as service:
+            figures.update(
+                {name: _innocent_during(service, attack, ids, min_s) for name, attack in worker_attacks.items()}
+            )
+    return {"classes": figures, **stopped}
+
+
+def _chosen(classes: dict, only: str | None) -> dict:
+    return {name: attack for name, attack in classes.items() if only in (None, name)}
 
 
 def _placed_on(service: ServiceProcess, create) -> tuple[str, int]:
@@ -604,7 +676,6 @@ def _replaced(service: ServiceProcess, worker: int, restarts: int) -> None:
 def _scratch_counts(service: ServiceProcess) -> tuple[int, int]:
     """(worker folders, episode folders) in the service's scratch root."""
     import glob
-    import tempfile
 
     (root,) = glob.glob(os.path.join(tempfile.gettempdir(), f"seal-env-{service.proc.pid}-*"))
     workers = [os.path.join(root, d) for d in os.listdir(root)]
@@ -699,11 +770,14 @@ def memory_run(task_ids: list[str], first: int, total: int, concurrency: int) ->
 # ---------------------------------------------------------------------------------------------
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, only: str | None = None) -> dict:
     task_ids = tasks.task_ids("heldout")
     if quick:
         task_ids = task_ids[::25]  # 16 tasks, all four categories
     mem_first, mem_total = (50, 200) if quick else (500, 5000)
+    attack_ids, attack_s, worker_kills = (task_ids[:2], 3, 3) if quick else (task_ids[::25], 20, 10)
+    if only:  # one attack class alone
+        return {"tasks": len(task_ids), "attacks": innocent_under_attacks(attack_ids, attack_s, worker_kills, only)}
 
     InProcessEnvClient().health()
     replay.replay_split(InProcessEnvClient(), task_ids[:8])  # warm-up: imports, task cache, method tables
@@ -715,9 +789,7 @@ def run(quick: bool) -> dict:
     figures.update(workers_scaling(task_ids))
     figures["bare_checker"] = bare_checker(task_ids)
     figures["hostile"] = hostile_neighbour(task_ids[::10] if quick else task_ids[::4])
-    figures["attacks"] = innocent_under_attacks(
-        task_ids[:2] if quick else task_ids[::25], min_s=3 if quick else 20, worker_kills=3 if quick else 10
-    )
+    figures["attacks"] = innocent_under_attacks(attack_ids, attack_s, worker_kills)
     figures["memory"] = memory_run(task_ids, mem_first, mem_total, concurrency=32)
     inproc, http32 = figures["in_process"]["eps"], figures["http_c32"]["eps"]
     figures["ratios"] = {
@@ -771,16 +843,25 @@ def report(figures: dict) -> str:
         f"valid {hostile['innocent_valid']}/{hostile['innocent_episodes']}; worker restarts "
         f"{hostile['worker_restarts']}",
         "",
-        "innocent client per attack class (GT replays, 4 episodes live at a time, while the class runs; message "
-        f"budget {HOSTILE_BUDGET_S:g} s, target p99 <= {LATENCY_TARGET:g}x, none lost):",
-        *(_attack_line(name, a) for name, a in figures["attacks"]["classes"].items()),
-        _stopped_worker_line(figures["attacks"]["stopped_worker"]),
+        attacks_report(figures["attacks"]),
         "",
         f"service RSS: start {mem['start_mib']:.1f} MiB, after {mem['first']} episodes {mem['first_mib']:.1f} MiB, "
         f"after {mem['total']} episodes {mem['total_mib']:.1f} MiB",
         f"RSS ratio {mem['total']}/{mem['first']}: {mem['ratio']:.3f} "
         f"(target <= {MEMORY_TARGET}: {'MET' if mem_ok else 'MISSED'}); live episodes after: {mem['live_after']}",
     ]
+    return "\n".join(lines)
+
+
+def attacks_report(attacks: dict) -> str:
+    """The innocent client's figures per attack class (and with a stopped worker, when measured)."""
+    lines = [
+        "innocent client per attack class (GT replays, 4 episodes live at a time, while the class runs; message "
+        f"budget {HOSTILE_BUDGET_S:g} s, target p99 <= {LATENCY_TARGET:g}x, none lost):",
+        *(_attack_line(name, a) for name, a in attacks["classes"].items()),
+    ]
+    if "stopped_worker" in attacks:
+        lines.append(_stopped_worker_line(attacks["stopped_worker"]))
     return "\n".join(lines)
 
 
@@ -810,11 +891,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 tasks, memory after 50 vs 200 episodes")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    classes = [*ATTACKS, *WORKER_ATTACKS]
+    parser.add_argument(
+        "--only",
+        choices=classes,
+        metavar="CLASS",
+        help="measure only this attack class of the innocent-client run (5.), one of: " + "; ".join(classes),
+    )
     args = parser.parse_args(argv)
-    figures = run(args.quick)
-    print(report(figures))
+    figures = run(args.quick, args.only)
+    print(attacks_report(figures["attacks"]) if args.only else report(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
+    if args.only:
+        return 0 if all(a["innocent_lost"] == 0 for a in figures["attacks"]["classes"].values()) else 1
     replays_ok = all(
         figures[k]["ok"] for k in ("in_process", "http_c1", "http_c32", "workers_1", "workers_2", "hostile", "memory")
     )

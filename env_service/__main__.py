@@ -335,7 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-connections", type=int, help="open connections + requests in flight (503 beyond; 2048)")
     serve.add_argument(
-        "--max-connections-per-peer", type=int, help="open connections of one address; idle ones are shed first (1024)"
+        "--max-connections-per-peer",
+        type=int,
+        help="open connections of one address (all of loopback is one); beyond it idle ones and ones still "
+        "receiving their request are shed, the longest waiting first (1024)",
     )
     serve.add_argument(
         "--max-requests-per-owner", type=int, help="requests of one run (else address) in flight (429 beyond; 96)"

@@ -42,6 +42,7 @@ def test_benchmark_quick_runs(tmp_path):
         "hostile neighbour",
         "innocent client per attack class",
         "guessed and reused ids",
+        "slow bodies from loopback addresses",
         "web fetches of loopback addresses",
         "its episode kills its worker",
         "a stopped (SIGSTOP) worker",

@@ -83,7 +83,7 @@ def test_profiles_belong_to_the_run_that_pushed_them(server):
         assert CUES not in episodes[other]["messages"][0]["content"]
         assert episodes[other]["info"]["profile_version"] is None
     owners = {name: server.manager._slots[e["instance_id"]].owner for name, e in episodes.items()}
-    assert owners == {"a": "run:run-a", "b": "run:run-b", "anonymous": "addr:127.0.0.1"}  # sources never collide
+    assert owners == {"a": "run:run-a", "b": "run:run-b", "anonymous": "addr:loopback"}  # sources never collide
     for name, client in [("a", run_a), ("b", run_b), ("anonymous", anonymous)]:
         client.release(episodes[name]["instance_id"])
 

@@ -162,7 +162,7 @@ def test_ids_are_minted_and_a_kept_verdict_never_answers_for_another_episode(ser
 
 def test_another_run_cannot_touch_an_episode(service, client):
     instance_id = client.create(TASK, "validate")["instance_id"]
-    for intruder in ({RUN_ID_HEADER: "other-run"}, {RUN_ID_HEADER: "addr:127.0.0.1"}):  # ours: the address spelled
+    for intruder in ({RUN_ID_HEADER: "other-run"}, {RUN_ID_HEADER: "addr:loopback"}):  # ours: the owner spelled
         for path, body in (
             ("/step", {"instance_id": instance_id, "content": "hi"}),
             ("/evaluate", {"instance_id": instance_id, "release": True}),
@@ -370,12 +370,12 @@ def test_a_stopped_worker_shows_in_health_and_no_scratch_folder_outlives_its_wor
     assert not os.path.exists(root)  # removed when the service stopped, its episode still live
 
 
-# -- class 8: connection hoarding -------------------------------------------------------------------------
+# -- class 8: connection hoarding, slow senders, and per-address limits dodged by source address -----------------
 
 
-def _kept_alive(url_port: int) -> socket.socket | None:
-    """A connection that served one request and stays open (idle, kept alive); None if refused."""
-    sock = socket.create_connection(("127.0.0.1", url_port), timeout=5)
+def _kept_alive(url_port: int, source: str = "127.0.0.1") -> socket.socket | None:
+    """A connection from ``source`` that served one request and stays open (idle, kept alive); None if refused."""
+    sock = socket.create_connection(("127.0.0.1", url_port), timeout=5, source_address=(source, 0))
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: hog\r\n\r\n")
     answer = sock.recv(65536)
     if not answer.startswith(b"HTTP/1.1 200"):
@@ -407,6 +407,132 @@ def test_hoarded_idle_connections_are_shed_before_anyone_is_refused():
         assert still_open <= limits.max_connections_per_peer  # the oldest idle ones were shed
         for sock in hoard:
             sock.close()
+
+
+#: How a slow sender starts its request, and then sends nothing more (the read timeout, 30 s, is far away).
+SLOW_STARTS = {
+    "body": b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
+    "headers": b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Ty",
+    "nothing": b"",
+}
+HOLD = "hold this step until the test lets it go"
+
+
+class HoldingManager(EpisodeManager):
+    """Steps whose content is ``HOLD`` wait, in processing, until the test sets ``release``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def step(self, instance_id, content, seq=None, owner=None) -> dict:
+        if content == HOLD:
+            self.holding.set()
+            self.release.wait(60)
+        return super().step(instance_id, content, seq=seq, owner=owner)
+
+
+def _slow_sender(port: int, start: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(start)
+    return sock
+
+
+@pytest.mark.parametrize("start", SLOW_STARTS.values(), ids=SLOW_STARTS)
+def test_slow_senders_are_shed_for_an_innocent_and_a_request_in_processing_never_is(start):
+    limits = HttpLimits(max_connections=120, max_connections_per_peer=20)
+    manager = HoldingManager(limits=LIMITS)
+    with ServerThread(manager, limits=limits) as server, EnvClient(server.url, retries=0, timeout_s=60) as busy:
+        held = busy.create(TASK, "validate")["instance_id"]
+        with ThreadPoolExecutor(1) as pool:
+            in_processing = pool.submit(busy.step, held, HOLD)
+            assert manager.holding.wait(30)
+            slow = [_slow_sender(server.port, start) for _ in range(30)]  # ours: 30 > the cap, all from loopback
+            with EnvClient(server.url, retries=0, timeout_s=30) as innocent:  # before, slow bodies: 503 for it
+                instance_id = innocent.create(TASK, "validate")["instance_id"]
+                assert innocent.step(instance_id, "hi")["info"]["num_steps"] == 1
+            time.sleep(0.2)  # closes reach the sockets
+            still_open = sum(not _closed_by_server(s) for s in slow)
+            manager.release.set()
+            assert in_processing.result(timeout=30)["info"]["num_steps"] == 1  # its connection was never cut
+    # The cap less the held step's connection and the innocent's: the oldest slow ones were shed.
+    assert still_open <= limits.max_connections_per_peer - 2
+    for sock in slow:
+        sock.close()
+
+
+def test_a_client_between_requests_keeps_its_connection_while_slow_senders_are_shed():
+    limits = HttpLimits(max_connections=120, max_connections_per_peer=10)
+    with ServerThread(EpisodeManager(limits=LIMITS), limits=limits) as server:
+        slow = [_slow_sender(server.port, SLOW_STARTS["body"]) for _ in range(9)]
+        kept = _kept_alive(server.port)  # answered just now: the connection that has waited least
+        newcomers = [_slow_sender(server.port, SLOW_STARTS["body"]) for _ in range(5)]  # ours: over the cap
+        time.sleep(0.2)  # closes reach the sockets
+        assert not _closed_by_server(kept)  # before: shed for the first newcomer, the only idle connection
+        assert [_closed_by_server(s) for s in slow] == [True] * 5 + [False] * 4  # the longest waiting went
+        kept.settimeout(5)
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        for sock in [*slow, kept, *newcomers]:
+            sock.close()
+
+
+LOOPBACK_SOURCES = [f"127.0.0.{k}" for k in range(1, 21)]  # every one is this machine: bindable by any client
+
+
+@pytest.fixture(scope="module")
+def small_caps_service():
+    limits = HttpLimits(max_connections=120, max_connections_per_peer=10, max_run_ids_per_peer=2)
+    with ServerThread(EpisodeManager(limits=LIMITS), limits=limits) as server:
+        yield server
+
+
+def _post_from(source: str, port: int, path: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    """POST ``body`` as JSON on a connection of its own from the loopback address ``source``: (status, JSON)."""
+    payload = json.dumps(body).encode()
+    head = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        f"Connection: close\r\n{head}\r\n"
+    ).encode() + payload
+    with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as sock:
+        sock.sendall(request)
+        response = b"".join(iter(lambda: sock.recv(65536), b""))
+    status_line, _, answer = response.partition(b"\r\n\r\n")
+    return int(status_line.split(b" ", 2)[1]), json.loads(answer)
+
+
+def test_loopback_source_addresses_share_one_connection_cap(small_caps_service):
+    cap = small_caps_service.app.state.http_limits.max_connections_per_peer
+    hoard = [_kept_alive(small_caps_service.port, source) for source in LOOPBACK_SOURCES]  # ours: 2x the cap
+    time.sleep(0.2)  # closes reach the sockets
+    still_open = sum(s is not None and not _closed_by_server(s) for s in hoard)
+    assert still_open <= cap  # before: 20, one cap per address
+    for sock in hoard:
+        if sock is not None:
+            sock.close()
+
+
+def test_loopback_source_addresses_share_one_run_id_quota(small_caps_service):
+    answers = [
+        _post_from(source, small_caps_service.port, "/profile", {"profile": {}}, {RUN_ID_HEADER: f"minted-{k}"})
+        for k, source in enumerate(LOOPBACK_SOURCES[1:4])
+    ]
+    assert [status for status, _ in answers] == [200, 200, 429]  # before: 200 from every new address
+    assert answers[2][1]["error"] == "too_many_run_ids"
+
+
+def test_loopback_source_addresses_are_one_owner_for_header_less_requests(small_caps_service):
+    with EnvClient(small_caps_service.url, retries=0, timeout_s=30) as client:  # from 127.0.0.1, no run id
+        instance_id = client.create(TASK, "validate")["instance_id"]
+    status, reply = _post_from(
+        "127.0.0.2", small_caps_service.port, "/step", {"instance_id": instance_id, "content": "hi"}
+    )
+    assert status == 200 and reply["info"]["num_steps"] == 1  # before: 404, another owner
+    assert _post_from("127.0.0.3", small_caps_service.port, "/release", {"instance_id": instance_id}) == (
+        200,
+        {"released": True},
+    )
 
 
 # -- class 2: a worker's death costs only the episode it died on ---------------------------------------

@@ -1,5 +1,6 @@
 """HTTP limits of the real service, driven with raw sockets on 127.0.0.1: header bytes and count, read
-timeouts for slow clients, and that an attacker's oversized request does not stall an innocent episode.
+timeouts for slow clients, and that an attacker's oversized request does not stall an innocent episode; and the
+client address per-address limits count against (``peer_key``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 from env_service.client import EnvClient
 from env_service.manager import EpisodeManager
-from env_service.service import HttpLimits, ServerThread
+from env_service.service import LOOPBACK_PEER, HttpLimits, ServerThread, peer_key
 
 READ_TIMEOUT_S = 1.0
 
@@ -151,6 +152,44 @@ def test_kept_alive_connections_survive_pauses_between_requests(server):
             time.sleep(READ_TIMEOUT_S * 1.5)
 
 
+def test_websocket_upgrades_are_plain_requests_and_hold_no_connection_slot():
+    limits = HttpLimits(max_connections=120, max_connections_per_peer=5)
+    upgrade = get(
+        b"Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n",
+        path=b"/ws",
+    ).replace(b"Connection: close", b"Connection: Upgrade")
+    with ServerThread(EpisodeManager(), limits=limits) as server:
+        for _ in range(2 * limits.max_connections_per_peer):  # ours: each one used to keep its slot for good
+            with connect(server) as sock:
+                sock.sendall(upgrade)
+                assert status_of(sock.recv(65536)) == 404  # before: 403 from uvicorn's WebSocket protocol
+        assert status_of(send_and_read(server, get())) == 200  # before: 503 too_many_connections
+
+
 def test_server_healthy_after_the_abuse(server):
     assert server.alive()
     assert EnvClient(server.url, retries=0).health()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "host, key",
+    [
+        ("127.0.0.1", LOOPBACK_PEER),  # any process here may bind any loopback address: one client
+        ("127.0.0.2", LOOPBACK_PEER),
+        ("127.255.255.254", LOOPBACK_PEER),
+        ("::1", LOOPBACK_PEER),
+        ("::ffff:127.0.0.1", LOOPBACK_PEER),  # IPv4-mapped loopback
+        ("::ffff:127.9.8.7", LOOPBACK_PEER),
+        ("::ffff:10.1.2.3", "10.1.2.3"),  # IPv4-mapped: its IPv4 address
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),  # one host holds a whole /64
+        ("2001:db8:1:2::ffff", "2001:db8:1:2::/64"),
+        ("2001:db8:1:3::1", "2001:db8:1:3::/64"),
+        ("fe80::1%eth0", "fe80::/64"),  # a zone id does not make another client
+        ("10.0.0.1", "10.0.0.1"),
+        ("192.0.2.7", "192.0.2.7"),
+        ("?", "?"),  # no address (uvicorn gives none): kept as given
+        ("not-an-address", "not-an-address"),
+    ],
+)
+def test_peer_key_is_one_key_per_client_that_controls_the_addresses(host, key):
+    assert peer_key(host) == key
