@@ -86,8 +86,9 @@ def _load_file(path: str) -> Any:
 
 def cmd_serve(args) -> int:
     from env_service.auth import check_bind, resolve_secret
+    from env_service.http_limits import HttpLimits
     from env_service.manager import EpisodeManager
-    from env_service.service import HttpLimits, serve
+    from env_service.service import serve
 
     try:
         secret = resolve_secret(secret_file=args.secret_file)
@@ -327,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--service-id",
         help="an identity /health echoes, so whoever started the service can tell it from another one on the same port",
     )
-    # HTTP limits: unset flags keep env_service.service.HttpLimits' defaults
+    # HTTP limits: unset flags keep env_service.http_limits.HttpLimits' defaults
     serve.add_argument("--max-header-bytes", type=int, help="request line + headers, bytes (431 beyond; 64 KiB)")
     serve.add_argument("--max-headers", type=int, help="headers per request (431 beyond; 100)")
     serve.add_argument(

@@ -32,13 +32,11 @@ import collections
 import contextlib
 import hmac
 import inspect
-import ipaddress
 import json
 import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -51,51 +49,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from env_service.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
 from env_service.endpoints import ENDPOINTS, Caller, Endpoint
 from env_service.errors import ManagerError
+from env_service.http_limits import MAX_BODY_BYTES, HttpLimits, guarded_protocol, peer_key
 from env_service.json_safe import sanitise
 from env_service.manager import EpisodeManager, check_instance_id
 
 log = logging.getLogger(__name__)
 
-#: Largest request body read at all. The assistant content limit (manager.MAX_CONTENT_BYTES, 256 KiB)
-#: applies after decoding; JSON escapes can inflate text up to 6x, hence the margin.
-MAX_BODY_BYTES = 2 * 1024 * 1024
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8082
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """What one connection may cost the server before it is refused or dropped.
-
-    ``max_header_bytes``: request line plus headers (431 beyond; httptools itself has no limit, and a
-    64 MB header took seconds of event-loop time). ``max_headers``: header count (431 beyond).
-    ``max_body_bytes``: request body (413). ``read_timeout_s``: a request must arrive complete within
-    this long of its first byte, and a new connection must start one within it (408, then closed: a
-    slow client must not hold a connection forever). ``keep_alive_s``: idle time between requests on
-    a kept-alive connection, well above the client's think time so pooled connections are rarely
-    closed under a request. ``max_connections``: open connections and requests in flight (503 beyond).
-    """
-
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    max_body_bytes: int = MAX_BODY_BYTES
-    read_timeout_s: float = 30.0
-    keep_alive_s: float = 75.0
-    max_connections: int = 2048
-    # Open connections of one client address (``peer_key``: all of loopback is one address, an IPv6 /64 is one).
-    # Beyond it, or when all connections together near ``max_connections``, connections are shed to make room
-    # (this address's own, else the biggest holder's): idle kept-alive ones and ones whose request is still
-    # arriving, the one that has waited longest first (``OpenConnections``); so a client hoarding idle or slow
-    # connections cannot lock the others out. A new one is refused (503) only when all of its address's are busy
-    # (processing or answering a request).
-    max_connections_per_peer: int = 1024
-    # Requests of one owner (run, else client address) in flight at once; more are refused (429) before they
-    # take a thread or a place in a worker's queue. Above the trainer's rollout concurrency (32) with room.
-    max_requests_per_owner: int = 96
-    # Run ids one client address (``peer_key``) may use at once (one not seen for the manager's idle timeout is
-    # forgotten): per-run limits cannot be dodged by minting run ids. A trainer uses one per run.
-    max_run_ids_per_peer: int = 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,266 +119,6 @@ def _validation_message(exc: RequestValidationError) -> str:
             continue
         parts.append(f"{'.'.join(loc)}: {err.get('msg', 'invalid value')}")
     return "; ".join(parts) or "invalid request"
-
-
-# ---------------------------------------------------------------------------------------------
-# Client identity: what per-address limits count against
-# ---------------------------------------------------------------------------------------------
-
-#: The one client address every loopback address stands for (see ``peer_key``).
-LOOPBACK_PEER = "loopback"
-
-
-def peer_key(host: str) -> str:
-    """The client a connection or request from ``host`` counts against, for every per-address limit and the
-    ``addr:`` owner: one key for all the addresses one client can send from at will.
-
-    Any process on this machine may bind any of 127.0.0.0/8 or ::1, so every loopback address (IPv4-mapped ones
-    too) is ``LOOPBACK_PEER``; an IPv4-mapped IPv6 address is its IPv4 address; another IPv6 address is its /64
-    (one host is routinely given a whole /64); another IPv4 address is itself; one that does not parse is kept.
-    """
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if address.version == 6 and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if address.is_loopback:
-        return LOOPBACK_PEER
-    if address.version == 6:
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
-
-
-# ---------------------------------------------------------------------------------------------
-# Connection limits (uvicorn's httptools protocol bounds neither header size nor read time)
-# ---------------------------------------------------------------------------------------------
-
-
-def _raw_error(status: int, code: str, detail: str) -> bytes:
-    """A complete ``Connection: close`` HTTP response, for refusals made before the app sees a request."""
-    body = json.dumps({"error": code, "detail": detail}).encode()
-    from http import HTTPStatus
-
-    return (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    ).encode() + body
-
-
-IDLE, ARRIVING, BUSY = "idle", "arriving", "busy"
-
-
-class OpenConnections:
-    """The open connections of each client (``peer_key``), filed by what each is doing, with when it started
-    doing it (each group in that order: dicts keep insertion order):
-
-    * ``IDLE``: kept alive between requests;
-    * ``ARRIVING``: its request has not arrived complete (nothing sent yet, or headers or body still coming);
-    * ``BUSY``: a complete request is being processed, or a response is being sent.
-
-    Under pressure the connection that has waited longest for its client goes first: idle the longest, or with its
-    request arriving the longest, whichever started earlier; busy ones never. A client sends its whole request
-    at once and reuses its connection soon after an answer, so a hoarder's or a slow sender's connections are
-    the ones that have waited longest. (Shedding every idle connection before any arriving one closed clients'
-    connections as they reused them, their requests lost, while slow senders reconnected: 12 of 300 episodes in
-    the benchmark's slow-bodies class.) Only the event loop touches it: no lock, and O(1) per connection event.
-    """
-
-    def __init__(self, clock=time.monotonic) -> None:
-        self._clock = clock
-        self._by_peer: dict[str, dict[str, dict]] = {}  # peer -> activity -> connection -> since
-        self._filed: dict = {}  # connection -> (peer, activity)
-
-    def __len__(self) -> int:
-        return len(self._filed)
-
-    def of(self, peer: str) -> int:
-        return sum(len(group) for group in self._by_peer.get(peer, {}).values())
-
-    def biggest(self) -> str:
-        return max(self._by_peer, key=self.of)
-
-    def file(self, connection, peer: str, activity: str) -> None:
-        """Record ``connection`` as doing ``activity`` (the newest of that group unless it is there already)."""
-        if self._filed.get(connection) == (peer, activity):
-            return
-        self.remove(connection)
-        groups = self._by_peer.setdefault(peer, {IDLE: {}, ARRIVING: {}, BUSY: {}})
-        groups[activity][connection] = self._clock()
-        self._filed[connection] = (peer, activity)
-
-    def remove(self, connection) -> None:
-        peer, activity = self._filed.pop(connection, (None, None))
-        if peer is None:
-            return
-        groups = self._by_peer[peer]
-        del groups[activity][connection]
-        if not any(groups.values()):
-            del self._by_peer[peer]
-
-    def shed_one(self, peer: str) -> bool:
-        """Close ``peer``'s connection that has waited longest for its client; False when every one is busy."""
-        while (connection := self._longest_waiting(peer)) is not None:
-            if connection.activity() == BUSY and not connection.transport.is_closing():
-                # Filed at its last parser or response event; a response it started since makes it busy.
-                self.file(connection, peer, BUSY)
-                continue
-            self.remove(connection)
-            connection.transport.close()
-            return True
-        return False
-
-    def _longest_waiting(self, peer: str):
-        """The first of ``peer``'s idle and arriving connections to have started waiting, or None."""
-        groups = self._by_peer.get(peer, {})
-        firsts = [next(iter(groups[activity].items())) for activity in (IDLE, ARRIVING) if groups.get(activity)]
-        return min(firsts, key=lambda first: first[1])[0] if firsts else None
-
-
-def guarded_protocol(limits: HttpLimits):
-    """uvicorn's httptools protocol class with ``limits`` on header bytes, header count, read time and
-    connections per client.
-
-    Header bytes are bounded by feeding the parser at most the remaining allowance while a request's
-    headers are incomplete, so an oversized header is refused after ``max_header_bytes`` of parsing,
-    not after the whole of it has been buffered.
-    """
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    open_connections = OpenConnections()  # one per server, touched only by its event loop
-    shed_at = max(limits.max_connections - max(limits.max_connections // 16, 1), 1)
-
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._in_headers, self._header_bytes, self._header_count = True, 0, 0
-            self._refusal: tuple[int, str, str] | None = None
-            self._read_timer = None
-            # A fresh connection owes us a request: it counts as arriving until that request is complete.
-            self._receiving, self._unanswered = True, 0
-            self._peer = peer_key((transport.get_extra_info("peername") or ("?",))[0])
-            if not self._make_room():
-                return self._refuse(
-                    503,
-                    "too_many_connections",
-                    f"this client address (all of loopback counts as one) holds {limits.max_connections_per_peer} "
-                    "busy connections",
-                )
-            self._file()
-            self._arm_read_timer()  # a connection that never sends a request is dropped too
-
-        def connection_lost(self, exc) -> None:
-            self._disarm_read_timer()
-            open_connections.remove(self)
-            super().connection_lost(exc)
-
-        def activity(self) -> str:
-            """``IDLE``, ``ARRIVING`` or ``BUSY`` (see ``OpenConnections``)."""
-            responding = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
-            if self._unanswered or responding:
-                return BUSY
-            return ARRIVING if self._receiving else IDLE
-
-        def _file(self) -> None:
-            if not self.transport.is_closing():
-                open_connections.file(self, self._peer, self.activity())
-
-        def _make_room(self) -> bool:
-            """Below this client's cap, and the global shedding point, with room to spare: shed connections (this
-            client's own first, then the biggest holder's) until there is; False when all of this client's are busy."""
-            while open_connections.of(self._peer) >= limits.max_connections_per_peer:
-                if not open_connections.shed_one(self._peer):
-                    return False
-            while len(open_connections) >= shed_at:
-                if not open_connections.shed_one(open_connections.biggest()):
-                    break  # nothing to shed: uvicorn's own limit answers 503 beyond max_connections
-            return True
-
-        def data_received(self, data: bytes) -> None:
-            while data and not self.transport.is_closing():
-                if not self._in_headers:
-                    super().data_received(data)
-                    return
-                room = max(limits.max_header_bytes - self._header_bytes, 1)
-                piece, data = data[:room], data[room:]
-                self._header_bytes += len(piece)
-                super().data_received(piece)
-                if self._refusal is None and self._in_headers and self._header_bytes >= limits.max_header_bytes:
-                    self._refusal = (
-                        431,
-                        "headers_too_large",
-                        f"request line and headers exceed {limits.max_header_bytes} bytes",
-                    )
-                if self._refusal is not None:
-                    return self._refuse(*self._refusal)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._receiving = True
-            self._file()
-            self._arm_read_timer()
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._header_count += 1
-            if self._header_count > limits.max_headers:
-                self._refusal = self._refusal or (
-                    431,
-                    "headers_too_many",
-                    f"more than {limits.max_headers} request headers",
-                )
-            elif self._refusal is None:
-                super().on_header(name, value)
-
-        # A refused request never reaches the app: its remaining parser events are dropped.
-        def on_headers_complete(self) -> None:
-            if self._refusal is None:
-                self._in_headers, self._header_bytes = False, 0
-                super().on_headers_complete()
-
-        def on_body(self, body: bytes) -> None:
-            if self._refusal is None:
-                super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            if self._refusal is None:
-                self._disarm_read_timer()
-                self._in_headers, self._header_count = True, 0
-                self._receiving = False
-                if not self.cycle.response_complete:  # else the app answered it before its body was complete
-                    self._unanswered += 1
-                super().on_message_complete()
-                self._file()
-
-        def on_response_complete(self) -> None:
-            # Only a complete request was counted: one answered early (its body still coming) never was.
-            self._unanswered = max(self._unanswered - 1, 0)
-            super().on_response_complete()
-            self._file()
-
-        def _arm_read_timer(self) -> None:
-            if self._read_timer is None:
-                self._read_timer = self.loop.call_later(limits.read_timeout_s, self._read_timed_out)
-
-        def _disarm_read_timer(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
-
-        def _read_timed_out(self) -> None:
-            self._read_timer = None
-            if self.cycle is None or self.cycle.response_complete:  # nothing of ours is being sent
-                self._refuse(408, "request_timeout", f"the request did not arrive within {limits.read_timeout_s:g} s")
-            else:
-                self.transport.close()
-
-        def _refuse(self, status: int, code: str, detail: str) -> None:
-            self.logger.warning("refused a request from %s: %s", self.client, detail)
-            if not self.transport.is_closing():
-                self.transport.write(_raw_error(status, code, detail))
-                self.transport.close()
-
-    return GuardedHttpToolsProtocol
 
 
 # ---------------------------------------------------------------------------------------------
@@ -833,12 +535,7 @@ class ServerThread:
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
-    "HttpLimits",
-    "LOOPBACK_PEER",
     "SecretMiddleware",
-    "guarded_protocol",
-    "peer_key",
-    "MAX_BODY_BYTES",
     "BodyLimitMiddleware",
     "ServerThread",
     "create_app",

@@ -30,8 +30,9 @@ from env_service import replay, tasks
 from env_service.auth import RUN_ID_HEADER
 from env_service.client import EnvClient, EnvServiceError
 from env_service.config import ServiceLimits
+from env_service.http_limits import HttpLimits
 from env_service.manager import MAX_RUN_PROFILES, EpisodeManager
-from env_service.service import HttpLimits, ServerThread
+from env_service.service import ServerThread
 from env_service.workers import HEARTBEAT_TIMEOUT_S
 
 LIMITS = ServiceLimits(

@@ -16,8 +16,9 @@ from env_service import replay, tasks
 from env_service.client import EnvClient, EnvServiceError, InProcessEnvClient
 from env_service.config import EnvConfig
 from env_service.episode import Episode
+from env_service.http_limits import MAX_BODY_BYTES
 from env_service.manager import MAX_CONTENT_BYTES, EpisodeManager
-from env_service.service import MAX_BODY_BYTES, ServerThread
+from env_service.service import ServerThread
 
 TASK = "multi_turn_base_0"
 CUE_PROFILE = {"tags": {"missing_tool_call": {"count": 40, "reward_mean": 0.1}}}
