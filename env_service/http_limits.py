@@ -29,7 +29,8 @@ class HttpLimits:
     this long of its first byte, and a new connection must start one within it (408, then closed: a
     slow client must not hold a connection forever). ``keep_alive_s``: idle time between requests on
     a kept-alive connection, well above the client's think time so pooled connections are rarely
-    closed under a request. ``max_connections``: open connections and requests in flight (503 beyond).
+    closed under a request. ``max_connections``: open connections and requests in flight (503 beyond); also the
+    service's thread count, so a request waiting for its episode's worker never holds a thread another needs.
     """
 
     max_header_bytes: int = 64 * 1024

@@ -416,15 +416,8 @@ class WorkerPool:
                 worker.episodes[key] = None
                 generation = worker.generation
             try:
-                messages, info = self._request(
-                    worker,
-                    generation,
-                    owner,
-                    SHORT_REQUEST_S,
-                    "create",
-                    key,
-                    *(task_id, mode, config, profile, memory_snapshot),
-                )
+                args = (task_id, mode, config, profile, memory_snapshot)
+                messages, info = self._request(worker, generation, owner, SHORT_REQUEST_S, "create", key, *args)
                 break
             except _ReplacedBeforeSent:
                 with self._state:
@@ -436,7 +429,7 @@ class WorkerPool:
                     worker.episodes.pop(key, None)
                 raise
         handle = RemoteEpisode(self, worker, generation, key, messages, info, owner)
-        handle._create_args = (task_id, mode, config, profile, memory_snapshot)
+        handle._create_args = args
         with self._state:
             if key in worker.episodes:  # not lost while it was being created
                 worker.episodes[key] = handle
