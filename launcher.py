@@ -1,4 +1,4 @@
-"""Train a SEAL recipe: ``python launcher.py --conf exp/SEAL.yaml [hydra overrides]`` (see seal/launch.py)."""
+"""Train a SEAL recipe: ``python launcher.py --conf exp/SEAL.yaml [hydra overrides]`` (see seal/launch/)."""
 
 import sys
 

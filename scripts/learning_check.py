@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from seal.figures import reward_over_steps  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
+from seal.report.figures import reward_over_steps  # noqa: E402
 
 RECIPES = {"normal": "exp/cpu_learning.yaml", "flipped": "exp/cpu_learning_flipped.yaml"}
 

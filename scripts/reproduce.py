@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from seal import reproduction  # noqa: E402
+from seal.report import reproduction  # noqa: E402
 
 
 def step_cost(step: reproduction.Step) -> reproduction.Cost | None:
@@ -60,7 +60,7 @@ def print_plan(out: str) -> None:
     )
     print(
         "GPU-hours are estimates from each recipe's sizes (steps, tasks, rollouts, max_model_len) and the assumptions "
-        "in seal/reproduction.py (docs/reproduce.md), not measurements: "
+        "in seal/report/reproduction.py (docs/reproduce.md), not measurements: "
         + ", ".join(f"{kind} {hours:.0f}" for kind, hours in totals.items())
         + f", in all {sum(totals.values()):.0f} (OOD not estimated: about 1-2 GPU-hours a row, mostly tau2)."
     )

@@ -39,8 +39,8 @@ from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats
 from seal.env_failures import regroup_without_failed, split_validation_failures
-from seal.env_services import profile_client
-from seal.figures import run_figures
+from seal.launch.env_services import profile_client
+from seal.report.figures import run_figures
 from seal.validation import BestCheckpoint, category_average, validation_table
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import requests
 from omegaconf import OmegaConf
 
 from env_service.client import EnvClient, make_client
-from seal import env_services
+from seal.launch import env_services
 
 CUE_PROFILE = {"tags": {"missing_tool_call": {"count": 40, "reward_mean": 0.1}}}
 CUE_PARAMS = {"capability_cues": {"enable": True}}
@@ -40,7 +40,7 @@ def _on_node(ray, node_id: str, env_cfg: dict):
         from omegaconf import OmegaConf
 
         from env_service.client import make_client
-        from seal.env_services import service_for_this_node
+        from seal.launch.env_services import service_for_this_node
 
         url, secret = service_for_this_node(OmegaConf.create(env_cfg))
         with make_client(url, run_id=RUN, secret=secret, retries=0) as client:
@@ -85,8 +85,7 @@ def test_both_nodes_pass_the_node_check(cluster, tmp_path, monkeypatch):
     nothing; a third node asked for is refused."""
     from pathlib import Path
 
-    from seal import multinode
-    from seal.launch import compose_recipe
+    from seal.launch import compose_recipe, multinode
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     config = compose_recipe(

@@ -1,4 +1,4 @@
-"""The per-GPU memory estimate (``seal/memory_estimate.py``) against hand-computed values and real models."""
+"""The per-GPU memory estimate (``seal/launch/memory_estimate.py``) against hand-computed values and real models."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from seal import launch
 from seal.launch import compose_recipe
-from seal.memory_estimate import GIB, KNOWN_SHAPES, ModelShape, estimate, model_shape
+from seal.launch.memory_estimate import GIB, KNOWN_SHAPES, ModelShape, estimate, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")
@@ -185,7 +185,7 @@ def test_unknown_hub_model_is_not_estimated():
 
 
 def test_dry_run_prints_the_estimate(monkeypatch, capsys):
-    from seal import memory_estimate
+    from seal.launch import memory_estimate
 
     monkeypatch.setattr(launch, "preflight", lambda config: [])  # no GPUs here: the node checks would refuse
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)

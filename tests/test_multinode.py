@@ -1,4 +1,4 @@
-"""What a multi-node run needs from its nodes (``seal/multinode.py``): absolute paths in the config that leaves the
+"""What a multi-node run needs from its nodes (``seal/launch/multinode.py``): absolute paths in the config that leaves the
 head node, and a preflight through Ray that every node sees the same repository, venv and data and one shared
 checkpoint filesystem. Another node is played by the per-node function with that node's view of the filesystem
 (a different directory); the check itself runs through a real local Ray cluster."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from seal import launch, multinode
-from seal.launch import PreflightError, compose_recipe
+from seal import launch
+from seal.launch import PreflightError, compose_recipe, multinode
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_SMOKE = str(ROOT / "exp" / "gpu_smoke.yaml")

@@ -2,7 +2,7 @@
 
 Tests run without a GPU: whether flash-attn imports is set through ``sys.modules`` (the import is the boundary),
 and the CUDA probe (torch's build, nvidia-smi, CUDA init) is replaced at its boundary,
-``seal.node_checks.probe_cuda``, to test the mismatch logic.
+``seal.launch.node_checks.probe_cuda``, to test the mismatch logic.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from seal import node_checks
-from seal.launch import PreflightError, compose_recipe, preflight
+from seal.launch import PreflightError, compose_recipe, node_checks, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")

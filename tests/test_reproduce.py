@@ -1,4 +1,4 @@
-"""The paper's reproduction plan and its CPU rehearsal (``scripts/reproduce.py``, ``seal/reproduction.py``).
+"""The paper's reproduction plan and its CPU rehearsal (``scripts/reproduce.py``, ``seal/report/reproduction.py``).
 
 The plan names a command for every cell of Table 1, the ablation and the OOD table; a rehearsal command differs
 from its plan command only by the swap (``seal/config/swap/cpu.yaml``) and the documented command-line swaps; the
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from seal import paper_numbers as paper
-from seal import reproduction
 from seal.eval.records import load_records
 from seal.eval.runs import load_run, read_metrics, validation_steps
 from seal.eval.tau2 import tau2_python
 from seal.launch import compose_recipe
-from seal.memory_estimate import model_shape
-from seal.reproduction import leaves
+from seal.launch.memory_estimate import model_shape
+from seal.report import paper_numbers as paper
+from seal.report import reproduction
+from seal.report.reproduction import leaves
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))

@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config,pkg://seal.config]"
-REPO_ROOT = Path(__file__).resolve().parents[1]
-AGENT_LOOPS_YAML = Path(__file__).resolve().parent / "config" / "agent_loops.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AGENT_LOOPS_YAML = Path(__file__).resolve().parents[1] / "config" / "agent_loops.yaml"
 AGENT_LOOP_MANAGER = "seal.env_failures.SealAgentLoopManager"
 
 
@@ -77,7 +77,7 @@ def preflight(config: DictConfig) -> list[str]:
 def _check_device(config, problems):
     if config.trainer.device != "cuda":
         return
-    from seal.node_checks import cuda_problem, probe_cuda
+    from seal.launch.node_checks import cuda_problem, probe_cuda
 
     mismatch = cuda_problem(**probe_cuda())
     if mismatch:
@@ -97,7 +97,7 @@ def _check_device(config, problems):
 
 
 def _check_attention(config, problems):
-    from seal.node_checks import attention_implementation, attention_problem
+    from seal.launch.node_checks import attention_implementation, attention_problem
 
     problem = attention_problem(attention_implementation(config.actor_rollout_ref.model))
     if problem:
@@ -106,7 +106,7 @@ def _check_attention(config, problems):
 
 def _check_padding_removal(config, problems):
     """Padding removal packs a micro-batch into one row; the attention must keep those sequences apart."""
-    from seal.node_checks import attention_implementation, separates_packed_sequences
+    from seal.launch.node_checks import attention_implementation, separates_packed_sequences
 
     model = config.actor_rollout_ref.model
     implementation = attention_implementation(model)
@@ -179,7 +179,7 @@ def _check_data(config, problems):
 def _refuse_ood_tasks(key: str, path: str, problems: list[str]) -> None:
     """The out-of-distribution tasks (bfcl's memory / web-search categories) are evaluate-only: never in a run's data."""
     from env_service.ood_tasks import is_ood_task
-    from seal.prompt_budget import run_episodes
+    from seal.launch.prompt_budget import run_episodes
 
     try:
         ood = [task_id for task_id, _ in run_episodes([path]) if is_ood_task(task_id)]
@@ -214,7 +214,7 @@ def _check_lengths(config, problems):
 def _check_prompt_budget(config, problems):
     """Every first prompt of the run (train rows in train mode, the others in validate mode) fits the budget."""
     from env_service.client import EnvServiceError
-    from seal import prompt_budget
+    from seal.launch import prompt_budget
 
     files = [f for key in ("train_files", "val_files") for f in _as_list(config.data[key])]
     if not all(Path(f).exists() for f in files):
@@ -281,7 +281,7 @@ def environment_service(config: DictConfig):
     """
     from env_service.auth import resolve_secret
     from env_service.client import EnvClient
-    from seal import env_services
+    from seal.launch import env_services
 
     env = config.env_service
     env.run_id = env.run_id or f"{config.trainer.experiment_name}-{env_services.new_service_id()}"
@@ -311,7 +311,7 @@ def environment_service(config: DictConfig):
 @contextlib.contextmanager
 def _local_service(config: DictConfig, secret: str):
     from env_service.auth import SECRET_ENV
-    from seal.env_services import LocalService, serve_flags
+    from seal.launch.env_services import LocalService, serve_flags
 
     env = config.env_service
     log_path = Path(config.seal.run_dir) / "env_service.log"
@@ -344,7 +344,7 @@ def _node_services(config: DictConfig, secret: str):
     to the cluster again with its own runtime environment, and reconnects at the end to stop them."""
     import ray
 
-    from seal.env_services import ACTOR_NAMESPACE, serve_flags, start_node_services, stop_node_services
+    from seal.launch.env_services import ACTOR_NAMESPACE, serve_flags, start_node_services, stop_node_services
 
     env = config.env_service
     address = config.ray_kwargs.ray_init.get("address") or "auto"  # several nodes: a cluster started with `ray start`
@@ -369,7 +369,7 @@ def _check_nodes(config: DictConfig) -> None:
     """Several nodes: each must see this repository, venv and data, and one shared checkpoint filesystem."""
     if int(config.trainer.nnodes) <= 1:
         return
-    from seal.multinode import cluster_problems
+    from seal.launch.multinode import cluster_problems
 
     problems = cluster_problems(config)
     if problems:
@@ -410,7 +410,7 @@ def prepare(config: DictConfig) -> DictConfig:
     if not agent.get("agent_loop_manager_class"):
         with open_dict(agent):  # verl's field, absent from its YAML: a step where every episode failed still runs
             agent.agent_loop_manager_class = AGENT_LOOP_MANAGER
-    from seal.multinode import absolute_paths
+    from seal.launch.multinode import absolute_paths
 
     absolute_paths(config)  # workers on other nodes get this config, not this working directory
     return config
@@ -463,13 +463,13 @@ def train(config: DictConfig) -> None:
 def _print_memory_estimate(config: DictConfig) -> None:
     if config.trainer.device != "cuda":
         return
-    from seal.memory_estimate import estimate
+    from seal.launch.memory_estimate import estimate
 
     found = estimate(config)
     if found is None:
         print(
             f"[seal] memory per GPU: not estimated ({config.actor_rollout_ref.model.path!r} has no local "
-            "config.json and is not in seal/memory_estimate.py's known-size table)"
+            "config.json and is not in seal/launch/memory_estimate.py's known-size table)"
         )
         return
     for line in found.lines():

@@ -149,7 +149,7 @@ def model_shape(model_path: str) -> tuple[ModelShape, str] | None:
         cfg = json.loads(config_json.read_text())
         return ModelShape.from_config(cfg.get("text_config", cfg)), f"{config_json}"
     if model_path in KNOWN_SHAPES:
-        return ModelShape.from_config(KNOWN_SHAPES[model_path]), "the known-size table (seal/memory_estimate.py)"
+        return ModelShape.from_config(KNOWN_SHAPES[model_path]), "the known-size table (seal/launch/memory_estimate.py)"
     return None
 
 

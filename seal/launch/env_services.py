@@ -27,7 +27,7 @@ from pathlib import Path
 from env_service.auth import resolve_secret
 from env_service.client import EnvClient, EnvServiceError, ProfileFanOut, make_client
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Ray namespace of the per-node service actors (named ``<service_id>:<node_id>``).
 ACTOR_NAMESPACE = "seal-env-services"
 LOOPBACK = "127.0.0.1"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from seal.eval import stub_endpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SWAP = "+swap=cpu"  # seal/config/swap/cpu.yaml, composed after the recipe
 SWAP_FILE = REPO / "seal" / "config" / "swap" / "cpu.yaml"
 BASE_RECIPE = "exp/SEAL.yaml"
@@ -248,7 +248,7 @@ class Cost:
 
 
 def training_steps(config) -> int:
-    from seal.memory_estimate import data_rows
+    from seal.launch.memory_estimate import data_rows
 
     if config.trainer.total_training_steps:
         return int(config.trainer.total_training_steps)
@@ -264,7 +264,7 @@ def validations(config, steps: int) -> int:
 
 def cost(config, kind: str) -> Cost | None:
     """The estimate for a ``train`` or ``eval`` step's composed config; None when the model's size is unknown."""
-    from seal.memory_estimate import data_rows, model_shape
+    from seal.launch.memory_estimate import data_rows, model_shape
 
     found = model_shape(str(config.actor_rollout_ref.model.path))
     if found is None:

@@ -1,0 +1,1 @@
+"""Reporting: the paper's numbers, the reproduction plan and its rehearsal, and the figures of a run."""
