@@ -292,7 +292,10 @@ def guarded_protocol(limits: HttpLimits):
             super().connection_lost(exc)
 
         def activity(self) -> str:
-            """``IDLE``, ``ARRIVING`` or ``BUSY`` (see ``OpenConnections``)."""
+            """``IDLE``, ``ARRIVING`` or ``BUSY`` (see ``OpenConnections``); one holding pipelined bytes back counts
+            as arriving: its client sends more than it waits for (no client of ours does), so it may be shed."""
+            if self._held_back:
+                return ARRIVING
             responding = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
             if self._unanswered or responding:
                 return BUSY
@@ -340,6 +343,9 @@ def guarded_protocol(limits: HttpLimits):
             if self._held_back:
                 bytes_in_flight.release(self, self._held_back)
                 self._held_back = 0
+                if not self._receiving:  # the hold's timer; a request begun has its own
+                    self._disarm_read_timer()
+                self._file()
                 self.flow.resume_reading()
 
         def _piece_end(self, data: bytes) -> int:
@@ -375,6 +381,10 @@ def guarded_protocol(limits: HttpLimits):
                 bytes_in_flight.release(self, -more)
             self._held_back = len(self._unparsed)
             self.flow.pause_reading()
+            self._file()
+            # Busy or not, a connection holding bytes back must get its next request parsed within the read timeout:
+            # one that pipelines and never reads its answers stalls its own requests, and is closed.
+            self._arm_read_timer()
 
         def on_response_complete(self) -> None:
             # Only a complete request was counted: one answered early (its body still coming) never was.
