@@ -306,8 +306,8 @@ def guarded_protocol(limits: HttpLimits):
             return bool(self._held_back or self._body_left)
 
         def shed(self, why: str) -> None:
-            self.logger.warning("closed a connection of %s: %s", self.client, why)
-            self.transport.close()
+            self.logger.warning("dropped a connection of %s: %s", self.client, why)
+            self.transport.abort()  # not close(): that would wait for answers a pipelining client may never read
 
         def _file(self) -> None:
             if not self.transport.is_closing():
@@ -474,8 +474,8 @@ def guarded_protocol(limits: HttpLimits):
             self._read_timer = None
             if self.cycle is None or self.cycle.response_complete:  # nothing of ours is being sent
                 self._refuse(408, "request_timeout", f"the request did not arrive within {limits.read_timeout_s:g} s")
-            else:
-                self.transport.close()
+            else:  # dropped, not closed: a close waits for answers the client may never read
+                self.transport.abort()
 
         def _refuse(self, status: int, code: str, detail: str) -> None:
             self.logger.warning("refused a request from %s: %s", self.client, detail)

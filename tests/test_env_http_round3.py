@@ -6,6 +6,7 @@ process), and malformed OOD memory snapshots are the client's error (4xx with on
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 
@@ -81,6 +82,21 @@ def test_pipelining_megabytes_of_requests_costs_the_service_little(request, whic
         grown = _peak_growth_mib(2.0, before)
     # Before: every request was parsed into one in flight at once, ~800 bytes each (+20 to +50 MiB here in 2 s)
     assert grown < 8, f"the service grew by {grown:.0f} MiB"
+
+
+def test_a_pipelining_connection_that_never_reads_its_answers_is_closed():
+    """Busy is no shelter: its answers stall (never read), so its held-back requests are never parsed, and the read
+    timeout closes it. Before, a connection with a request in flight had no read timeout at all."""
+    limits = HttpLimits(read_timeout_s=1.0)
+    with ServerThread(EpisodeManager(), limits=limits) as server:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # answers pile up in the service's buffers
+        sock.connect((server.host, server.port))
+        with sock:
+            _send_until_stalled(sock, b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 4000)
+            poll = select.poll()
+            poll.register(sock, select.POLLRDHUP)
+            assert poll.poll(15_000), "the connection is still open"
 
 
 def test_pipelined_requests_are_all_answered_in_order(service):
