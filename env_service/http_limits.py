@@ -233,7 +233,7 @@ def guarded_protocol(limits: HttpLimits):
     """uvicorn's httptools protocol class with ``limits`` on header bytes, header count, read time, connections
     per client, requests in flight per connection and request bytes in flight (see ``HttpLimits``).
 
-    The parser is fed a piece at a time, cut where a request can end: a line while headers arrive (at most the
+    The parser is fed a piece at a time, cut where a request can end: the end of its headers (at most the
     remaining header allowance, so an oversized header is refused after ``max_header_bytes`` of parsing, not
     after all of it was buffered), then the declared body. Between requests, a connection with
     ``max_pipelined_requests`` unanswered is not fed (nor read) further: llhttp parses all it is given at once,
@@ -271,6 +271,7 @@ def guarded_protocol(limits: HttpLimits):
             # Bytes read but not yet parsed (all but the first ``_parsed``); ``_held_back``: those charged to
             # ``bytes_in_flight`` while the connection waits for answers to its pipelined requests.
             self._unparsed, self._parsed, self._held_back = b"", 0, 0
+            self._tail = b""  # the last 3 bytes fed: the end of a request's headers may begin there
             self._body_left = 0  # declared body bytes of the request being parsed not yet fed to the parser
             self._charges: collections.deque[int] = collections.deque()  # body charge of each unanswered request
             self._peer = peer_key((transport.get_extra_info("peername") or ("?",))[0])
@@ -349,18 +350,24 @@ def guarded_protocol(limits: HttpLimits):
                 self.flow.resume_reading()
 
         def _piece_end(self, data: bytes) -> int:
-            """Where the next piece ends: a request completes only at a piece's end."""
+            """Where the next piece ends: a request completes only at a piece's end (its body's end, else its
+            headers': llhttp takes only CRLF CRLF there, which may begin in the bytes fed before)."""
+            start = self._parsed
             if self._body_left:
-                return min(self._parsed + self._body_left, len(data))
-            room = max(limits.max_header_bytes - self._header_bytes, 1)
-            line_end = data.find(b"\n", self._parsed, self._parsed + room)
-            return min(self._parsed + room, len(data)) if line_end < 0 else line_end + 1
+                return min(start + self._body_left, len(data))
+            straddling = (self._tail + data[start : start + 3]).find(b"\r\n\r\n")
+            if straddling >= 0:
+                return start + straddling + 4 - len(self._tail)
+            room_end = min(start + max(limits.max_header_bytes - self._header_bytes, 1), len(data))
+            headers_end = data.find(b"\r\n\r\n", start, room_end)
+            return room_end if headers_end < 0 else headers_end + 4
 
         def _feed(self, piece: memoryview) -> None:
             if self._body_left:
                 self._body_left -= len(piece)
             elif self._in_headers:
                 self._header_bytes += len(piece)
+            self._tail = (self._tail + piece[-3:].tobytes())[-3:]
             super().data_received(piece)
             if self._refusal is None and self._in_headers and self._header_bytes >= limits.max_header_bytes:
                 self._refusal = (

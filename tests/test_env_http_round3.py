@@ -99,7 +99,8 @@ def test_a_pipelining_connection_that_never_reads_its_answers_is_closed():
             assert poll.poll(15_000), "the connection is still open"
 
 
-def test_pipelined_requests_are_all_answered_in_order(service):
+@pytest.mark.parametrize("piece_bytes", [None, 3, 7])  # all at once; pieces that split every request's headers' end
+def test_pipelined_requests_are_all_answered_in_order(service, piece_bytes):
     body = b'{"instance_id": "ep_none"}'
     requests_ = [
         b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -109,7 +110,10 @@ def test_pipelined_requests_are_all_answered_in_order(service):
     ] * (3 * LIMITS.max_pipelined_requests)
     expected = [200, 200, 404] * (3 * LIMITS.max_pipelined_requests)
     with socket.create_connection((service.host, service.port), timeout=10) as sock:
-        sock.sendall(b"".join(requests_))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sent = b"".join(requests_)
+        for start in range(0, len(sent), piece_bytes or len(sent)):
+            sock.sendall(sent[start : start + (piece_bytes or len(sent))])
         reader = sock.makefile("rb")
         statuses = []
         for _ in expected:
