@@ -344,8 +344,9 @@ def guarded_protocol(limits: HttpLimits):
             if self._held_back:
                 bytes_in_flight.release(self, self._held_back)
                 self._held_back = 0
-                if not self._receiving:  # the hold's timer; a request begun has its own
-                    self._disarm_read_timer()
+                self._disarm_read_timer()  # the hold's; a request begun from what was held gets its own from now
+                if self._receiving:
+                    self._arm_read_timer()
                 self._file()
                 self.flow.resume_reading()
 
