@@ -109,12 +109,12 @@ class ServiceProcess:
                     raise RuntimeError("service did not start within 120 s") from None
                 time.sleep(0.2)
 
-    def rss_mib(self) -> float:
-        """RSS of the service and its worker processes."""
+    def rss_mib(self, workers: bool = True) -> float:
+        """RSS of the service and (``workers``) its worker processes."""
         import psutil
 
         main = psutil.Process(self.proc.pid)
-        return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20
+        return sum(p.memory_info().rss for p in [main, *(main.children(recursive=True) if workers else [])]) / 2**20
 
     def workers(self) -> list[dict]:
         """/health's row per worker process (pid, episodes, restarts), answered 200 or 503."""
@@ -667,12 +667,12 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
             except Exception as error:  # noqa: BLE001 - a refusal ends the attack, which is fine
                 errors.append(repr(error)[:200])
 
-    rss_before = service.rss_mib()
+    rss_before, main_before = service.rss_mib(), service.rss_mib(workers=False)
     thread = threading.Thread(target=attacker)
     thread.start()
     time.sleep(1.0)  # the attack is under way
     latencies, valid, lost = _innocent_replays(service.url, ids, min_s)
-    rss_after = service.rss_mib()
+    rss_after, main_after = service.rss_mib(), service.rss_mib(workers=False)
     stop.set()
     thread.join(120)
     p99 = _p99(latencies)
@@ -684,6 +684,7 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
         "innocent_lost": len(lost),
         "innocent_lost_first": lost[0] if lost else None,
         "rss_growth_mib": rss_after - rss_before,
+        "main_rss_growth_mib": main_after - main_before,  # the HTTP layer's own (connections, bodies)
         "attack_stopped_by": errors[0] if errors else None,  # a refusal that ended the attack early
         "attack_figures": extra,
         "ok": not lost and valid > 0 and p99 <= LATENCY_TARGET * HOSTILE_BUDGET_S,
@@ -933,7 +934,7 @@ def _attack_line(name: str, a: dict) -> str:
     return (
         f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x, valid "
         f"{a['innocent_valid']}/{a['innocent_episodes']}, lost {a['innocent_lost']}, service+workers RSS "
-        f"{a['rss_growth_mib']:+.0f} MiB{extra}: {'MET' if a['ok'] else 'MISSED'}"
+        f"{a['rss_growth_mib']:+.0f} MiB (service {a['main_rss_growth_mib']:+.0f} MiB){extra}: {'MET' if a['ok'] else 'MISSED'}"
         + (f" (attack ended by {a['attack_stopped_by']})" if a["attack_stopped_by"] else "")
         + (f" (first lost: {a['innocent_lost_first']})" if a["innocent_lost_first"] else "")
     )
