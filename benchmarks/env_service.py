@@ -36,6 +36,7 @@ import argparse
 import itertools
 import json
 import os
+import select
 import socket
 import statistics
 import subprocess
@@ -108,12 +109,12 @@ class ServiceProcess:
                     raise RuntimeError("service did not start within 120 s") from None
                 time.sleep(0.2)
 
-    def rss_mib(self) -> float:
-        """RSS of the service and its worker processes."""
+    def rss_mib(self, workers: bool = True) -> float:
+        """RSS of the service and (``workers``) its worker processes."""
         import psutil
 
         main = psutil.Process(self.proc.pid)
-        return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20
+        return sum(p.memory_info().rss for p in [main, *(main.children(recursive=True) if workers else [])]) / 2**20
 
     def workers(self) -> list[dict]:
         """/health's row per worker process (pid, episodes, restarts), answered 200 or 503."""
@@ -531,6 +532,66 @@ def _kills_its_worker(client, stop) -> dict:
     return {"attacker episodes lost with their worker": killed}
 
 
+# ---- Round 3, pipelining and bodies in flight (issue 24 items 1, 2) ----------------------------------------------
+
+PIPELINED_CONNECTIONS = 64
+PIPELINED = b"GET /health HTTP/1.1\r\nHost: pipe\r\n\r\n" * (2 * 2**20 // 34)  # ~2 MiB of requests, never read
+BODY_CONNECTIONS = 256
+
+
+def _keep_sending(client, stop, connections: int, data: bytes) -> dict:
+    """``data`` sent (as far as the service reads it) and never a byte read back, on each of ``connections``
+    connections, each reopened when the service closes it: the service sees ``connections`` x ``data`` in flight."""
+    host, port = client.url.rsplit("/", 1)[-1].split(":")
+    held: list[tuple[socket.socket, int] | None] = [None] * connections  # connection, bytes sent on it (-1: failed)
+    opened = closed = 0
+    while not stop.is_set():
+        for slot in range(connections):
+            if held[slot] is None:
+                sock = socket.create_connection((host, int(port)), timeout=5)
+                sock.setblocking(False)
+                held[slot], opened = (sock, 0), opened + 1
+            sock, sent = held[slot]
+            try:
+                if sent < len(data):
+                    sent += sock.send(data[sent : sent + 2**18])
+            except BlockingIOError:  # the service reads no more of it for now
+                pass
+            except OSError:
+                sent = -1
+            if sent < 0 or _peer_closed(sock):
+                sock.close()
+                held[slot], closed = None, closed + 1
+            else:
+                held[slot] = (sock, sent)
+        stop.wait(0.05)
+    for entry in held:
+        if entry is not None:
+            entry[0].close()
+    return {"connections opened": opened, "closed by the service": closed}
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the service closed ``sock``, without reading what it sent (answers are never read)."""
+    poll = select.poll()
+    poll.register(sock, select.POLLRDHUP)
+    return bool(poll.poll(0))
+
+
+def _pipelined_requests(client, stop) -> dict:
+    """~2 MiB of pipelined ``GET /health`` on each of 64 connections whose answers are never read: before, every
+    request was parsed at once (~150 MiB per connection kept by the service)."""
+    return _keep_sending(client, stop, PIPELINED_CONNECTIONS, PIPELINED)
+
+
+def _bodies_in_flight(client, stop) -> dict:
+    """All but the last byte of a 2 MiB body on each of 256 connections: before, every one was buffered
+    (512 MiB); now they share the service's budget for bodies in flight (64 MiB), the longest waiting shed."""
+    body = 2 * 2**20
+    start = b"POST /step HTTP/1.1\r\nHost: body\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % body
+    return _keep_sending(client, stop, BODY_CONNECTIONS, start + b" " * (body - 1))
+
+
 PASSING_TASK = "multi_turn_base_2"
 WEB_TASK = "web_search_base_0"
 OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an OOD episode with a scratch folder
@@ -548,6 +609,8 @@ ATTACKS = {
     "connection hoarding": _connection_hoard,
     "slow bodies from loopback addresses": _slow_bodies,
     "web fetches of loopback addresses": _forged_fetches,
+    "pipelined requests never read": _pipelined_requests,
+    "2 MiB bodies that never finish": _bodies_in_flight,
 }
 #: Attacks that need a service of their own (flags): a worker killed by its episode.
 WORKER_ATTACKS = {"its episode kills its worker": _kills_its_worker}
@@ -604,12 +667,12 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
             except Exception as error:  # noqa: BLE001 - a refusal ends the attack, which is fine
                 errors.append(repr(error)[:200])
 
-    rss_before = service.rss_mib()
+    rss_before, main_before = service.rss_mib(), service.rss_mib(workers=False)
     thread = threading.Thread(target=attacker)
     thread.start()
     time.sleep(1.0)  # the attack is under way
     latencies, valid, lost = _innocent_replays(service.url, ids, min_s)
-    rss_after = service.rss_mib()
+    rss_after, main_after = service.rss_mib(), service.rss_mib(workers=False)
     stop.set()
     thread.join(120)
     p99 = _p99(latencies)
@@ -621,6 +684,7 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
         "innocent_lost": len(lost),
         "innocent_lost_first": lost[0] if lost else None,
         "rss_growth_mib": rss_after - rss_before,
+        "main_rss_growth_mib": main_after - main_before,  # the HTTP layer's own (connections, bodies)
         "attack_stopped_by": errors[0] if errors else None,  # a refusal that ended the attack early
         "attack_figures": extra,
         "ok": not lost and valid > 0 and p99 <= LATENCY_TARGET * HOSTILE_BUDGET_S,
@@ -870,7 +934,7 @@ def _attack_line(name: str, a: dict) -> str:
     return (
         f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x, valid "
         f"{a['innocent_valid']}/{a['innocent_episodes']}, lost {a['innocent_lost']}, service+workers RSS "
-        f"{a['rss_growth_mib']:+.0f} MiB{extra}: {'MET' if a['ok'] else 'MISSED'}"
+        f"{a['rss_growth_mib']:+.0f} MiB (service {a['main_rss_growth_mib']:+.0f} MiB){extra}: {'MET' if a['ok'] else 'MISSED'}"
         + (f" (attack ended by {a['attack_stopped_by']})" if a["attack_stopped_by"] else "")
         + (f" (first lost: {a['innocent_lost_first']})" if a["innocent_lost_first"] else "")
     )

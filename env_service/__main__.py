@@ -105,10 +105,15 @@ def cmd_serve(args) -> int:
             "max_connections_per_peer",
             "max_requests_per_owner",
             "max_run_ids_per_peer",
+            "max_pipelined_requests",
+            "max_body_bytes_in_flight",
         )
         if getattr(args, name) is not None
     }
-    limits = HttpLimits(**given)
+    try:
+        limits = HttpLimits(**given)
+    except ValueError as error:
+        raise CliError(str(error)) from None
     from env_service.config import ServiceLimits
 
     try:
@@ -346,6 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-run-ids-per-peer", type=int, help="run ids one client address may use at once (429 beyond; 16)"
+    )
+    serve.add_argument(
+        "--max-pipelined-requests",
+        type=int,
+        help="requests of one connection parsed and unanswered; the connection is not read beyond them (4)",
+    )
+    serve.add_argument(
+        "--max-body-bytes-in-flight",
+        type=int,
+        help="declared request bodies and held-back pipelined bytes of all connections together; waiting ones are "
+        "shed to make room, else 503 before the body is read (64 MiB)",
     )
     serve.set_defaults(func=cmd_serve)
 

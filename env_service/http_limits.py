@@ -3,12 +3,14 @@
 :class:`HttpLimits` holds every limit of the HTTP layer (each a ``serve`` flag). :func:`peer_key` says which
 client a connection counts against: one key for all the addresses one client can send from at will (all of
 loopback, an IPv6 /64). :func:`guarded_protocol` is uvicorn's httptools protocol with the limits uvicorn does not
-have: header bytes and count, read time, and connections per client, where :class:`OpenConnections` picks the
-connection to shed when room is needed (idle or still arriving, the longest waiting first; never a busy one).
+have: header bytes and count, read time, connections per client (:class:`OpenConnections` picks the connection
+to shed when room is needed: idle or still arriving, the longest waiting first; never a busy one), requests in
+flight per connection, and one budget for the request bytes all connections hold (:class:`BytesInFlight`).
 """
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import json
 import time
@@ -52,6 +54,23 @@ class HttpLimits:
     # Run ids one client address (``peer_key``) may use at once (one not seen for the manager's idle timeout is
     # forgotten): per-run limits cannot be dodged by minting run ids. A trainer uses one per run.
     max_run_ids_per_peer: int = 16
+    # Requests of one connection parsed and not yet answered (HTTP pipelining); the connection is not read beyond
+    # them until one is answered, whatever the method or authentication. A client waits for each answer (1 in flight).
+    max_pipelined_requests: int = 4
+    # Request bytes held for all connections together (``BytesInFlight``): the declared bodies of requests not yet
+    # answered, and pipelined bytes read but held back. A body is charged when its headers arrive; one that does not
+    # fit is refused (503) before a byte of it is buffered, once bodies still arriving and held-back bytes (the
+    # longest held first) have been shed. At least ``max_body_bytes``.
+    max_body_bytes_in_flight: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ValueError(
+                f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) must be at least max_body_bytes "
+                f"({self.max_body_bytes})"
+            )
+        if self.max_pipelined_requests < 1:
+            raise ValueError("max_pipelined_requests must be at least 1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,27 +188,92 @@ class OpenConnections:
         return min(firsts, key=lambda first: first[1])[0] if firsts else None
 
 
-def guarded_protocol(limits: HttpLimits):
-    """uvicorn's httptools protocol class with ``limits`` on header bytes, header count, read time and
-    connections per client.
+class BytesInFlight:
+    """The request bytes held for all connections together, within one budget: each connection's declared bodies
+    of requests not yet answered, and its pipelined bytes read but held back.
 
-    Header bytes are bounded by feeding the parser at most the remaining allowance while a request's
-    headers are incomplete, so an oversized header is refused after ``max_header_bytes`` of parsing,
-    not after the whole of it has been buffered.
+    To admit more, holdings that wait on their client are shed (the connection closed), the longest held first:
+    a body still arriving, or bytes held back behind a connection's pipelined requests (no client of ours
+    pipelines). A body that has arrived and is being processed is never shed: what cannot be admitted then is
+    refused. Only the event loop touches it: no lock.
     """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.total = 0
+        self._held: dict = {}  # connection -> bytes; dicts keep insertion order: the longest held first
+
+    def admit(self, connection, nbytes: int) -> bool:
+        """Charge ``nbytes`` to ``connection``, shedding others' waiting holdings to make room; False if none fits."""
+        if self.total + nbytes > self.budget:
+            for other in list(self._held):
+                if other is not connection and other.waits_on_client():
+                    self.release(other)
+                    other.shed("its request bytes waited longest while the service needed room for others")
+                    if self.total + nbytes <= self.budget:
+                        break
+            else:
+                return False
+        self._held[connection] = self._held.get(connection, 0) + nbytes
+        self.total += nbytes
+        return True
+
+    def release(self, connection, nbytes: int | None = None) -> None:
+        """Give back ``nbytes`` of ``connection``'s holding (all of it when None; nothing once shed)."""
+        held = self._held.get(connection, 0)
+        freed = held if nbytes is None else min(nbytes, held)
+        self.total -= freed
+        if held - freed > 0:
+            self._held[connection] = held - freed
+        else:
+            self._held.pop(connection, None)
+
+
+def guarded_protocol(limits: HttpLimits):
+    """uvicorn's httptools protocol class with ``limits`` on header bytes, header count, read time, connections
+    per client, requests in flight per connection and request bytes in flight (see ``HttpLimits``).
+
+    The parser is fed a piece at a time, cut where a request can end: the end of its headers (at most the
+    remaining header allowance, so an oversized header is refused after ``max_header_bytes`` of parsing, not
+    after all of it was buffered), then the declared body. Between requests, a connection with
+    ``max_pipelined_requests`` unanswered is not fed (nor read) further: llhttp parses all it is given at once,
+    and uvicorn builds a request per message parsed and, while one is processed, resumes reading; so a connection
+    pipelining 2 MiB of requests made 63 k of them (~150 MiB). uvicorn's h11 protocol stops parsing at the next
+    request, but buffers all it reads and has none of the limits here.
+    """
+    from uvicorn.protocols.http.flow_control import FlowControl
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     open_connections = OpenConnections()  # one per server, touched only by its event loop
+    bytes_in_flight = BytesInFlight(limits.max_body_bytes_in_flight)
     shed_at = max(limits.max_connections - max(limits.max_connections // 16, 1), 1)
+
+    class HoldingFlowControl(FlowControl):
+        """uvicorn's flow control, but reading stays paused while the connection holds bytes back."""
+
+        def __init__(self, transport, holding) -> None:
+            super().__init__(transport)
+            self._holding = holding
+
+        def resume_reading(self) -> None:
+            if not self._holding():
+                super().resume_reading()
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self.flow = HoldingFlowControl(transport, lambda: bool(self._held_back))
             self._in_headers, self._header_bytes, self._header_count = True, 0, 0
             self._refusal: tuple[int, str, str] | None = None
             self._read_timer = None
             # A fresh connection owes us a request: it counts as arriving until that request is complete.
             self._receiving, self._unanswered = True, 0
+            # Bytes read but not yet parsed (all but the first ``_parsed``); ``_held_back``: those charged to
+            # ``bytes_in_flight`` while the connection waits for answers to its pipelined requests.
+            self._unparsed, self._parsed, self._held_back = b"", 0, 0
+            self._tail = b""  # the last 3 bytes fed: the end of a request's headers may begin there
+            self._body_left = 0  # declared body bytes of the request being parsed not yet fed to the parser
+            self._charges: collections.deque[int] = collections.deque()  # body charge of each unanswered request
             self._peer = peer_key((transport.get_extra_info("peername") or ("?",))[0])
             if not self._make_room():
                 return self._refuse(
@@ -204,14 +288,27 @@ def guarded_protocol(limits: HttpLimits):
         def connection_lost(self, exc) -> None:
             self._disarm_read_timer()
             open_connections.remove(self)
+            bytes_in_flight.release(self)
+            self._unparsed, self._parsed, self._held_back = b"", 0, 0
             super().connection_lost(exc)
 
         def activity(self) -> str:
-            """``IDLE``, ``ARRIVING`` or ``BUSY`` (see ``OpenConnections``)."""
+            """``IDLE``, ``ARRIVING`` or ``BUSY`` (see ``OpenConnections``); one holding pipelined bytes back counts
+            as arriving: its client sends more than it waits for (no client of ours does), so it may be shed."""
+            if self._held_back:
+                return ARRIVING
             responding = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
             if self._unanswered or responding:
                 return BUSY
             return ARRIVING if self._receiving else IDLE
+
+        def waits_on_client(self) -> bool:
+            """True while this connection's charged bytes wait on its client (see ``BytesInFlight``)."""
+            return bool(self._held_back or self._body_left)
+
+        def shed(self, why: str) -> None:
+            self.logger.warning("dropped a connection of %s: %s", self.client, why)
+            self.transport.abort()  # not close(): that would wait for answers a pipelining client may never read
 
         def _file(self) -> None:
             if not self.transport.is_closing():
@@ -229,22 +326,87 @@ def guarded_protocol(limits: HttpLimits):
             return True
 
         def data_received(self, data: bytes) -> None:
-            while data and not self.transport.is_closing():
-                if not self._in_headers:
-                    super().data_received(data)
-                    return
-                room = max(limits.max_header_bytes - self._header_bytes, 1)
-                piece, data = data[:room], data[room:]
+            self._unparsed = self._unparsed[self._parsed :] + data if self._unparsed else data
+            self._parsed = 0
+            self._parse()
+
+        def _parse(self) -> None:
+            """Feed the parser what was read, a piece at a time, until all of it is parsed or the connection has
+            ``max_pipelined_requests`` unanswered; then hold the rest back (reading paused) until one is answered."""
+            data = self._unparsed
+            view = memoryview(data)
+            while self._parsed < len(data) and not self.transport.is_closing():
+                if not self._receiving and len(self._charges) >= limits.max_pipelined_requests:
+                    return self._hold_back()
+                start, self._parsed = self._parsed, self._piece_end(data)
+                self._feed(view[start : self._parsed])
+            self._unparsed, self._parsed = b"", 0
+            if self._held_back:
+                bytes_in_flight.release(self, self._held_back)
+                self._held_back = 0
+                self._disarm_read_timer()  # the hold's; a request begun from what was held gets its own from now
+                if self._receiving:
+                    self._arm_read_timer()
+                self._file()
+                self.flow.resume_reading()
+
+        def _piece_end(self, data: bytes) -> int:
+            """Where the next piece ends: a request completes only at a piece's end (its body's end, else its
+            headers': llhttp takes only CRLF CRLF there, which may begin in the bytes fed before)."""
+            start = self._parsed
+            if self._body_left:
+                return min(start + self._body_left, len(data))
+            straddling = (self._tail + data[start : start + 3]).find(b"\r\n\r\n")
+            if straddling >= 0:
+                return start + straddling + 4 - len(self._tail)
+            room_end = min(start + max(limits.max_header_bytes - self._header_bytes, 1), len(data))
+            headers_end = data.find(b"\r\n\r\n", start, room_end)
+            return room_end if headers_end < 0 else headers_end + 4
+
+        def _feed(self, piece: memoryview) -> None:
+            if self._body_left:
+                self._body_left -= len(piece)
+            elif self._in_headers:
                 self._header_bytes += len(piece)
-                super().data_received(piece)
-                if self._refusal is None and self._in_headers and self._header_bytes >= limits.max_header_bytes:
-                    self._refusal = (
-                        431,
-                        "headers_too_large",
-                        f"request line and headers exceed {limits.max_header_bytes} bytes",
-                    )
-                if self._refusal is not None:
-                    return self._refuse(*self._refusal)
+            self._tail = (self._tail + piece[-3:].tobytes())[-3:]
+            super().data_received(piece)
+            if self._refusal is None and self._in_headers and self._header_bytes >= limits.max_header_bytes:
+                self._refusal = (
+                    431,
+                    "headers_too_large",
+                    f"request line and headers exceed {limits.max_header_bytes} bytes",
+                )
+            if self._refusal is not None:
+                self._refuse(*self._refusal)
+
+        def _hold_back(self) -> None:
+            """Keep the unparsed rest, charged to ``bytes_in_flight``, and read no more until a request is answered."""
+            self._unparsed, self._parsed = self._unparsed[self._parsed :], 0
+            more = len(self._unparsed) - self._held_back
+            if more > 0 and not bytes_in_flight.admit(self, more):
+                return self.shed("it pipelined more than the service holds for all connections together")
+            if more < 0:
+                bytes_in_flight.release(self, -more)
+            self._held_back = len(self._unparsed)
+            self.flow.pause_reading()
+            self._file()
+            # Busy or not, a connection holding bytes back must get its next request parsed within the read timeout:
+            # one that pipelines and never reads its answers stalls its own requests, and is closed.
+            self._arm_read_timer()
+
+        def on_response_complete(self) -> None:
+            # Only a complete request was counted: one answered early (its body still coming) never was.
+            self._unanswered = max(self._unanswered - 1, 0)
+            if self._charges:
+                bytes_in_flight.release(self, self._charges.popleft())
+            super().on_response_complete()
+            self._file()
+            if self._unparsed and not self.transport.is_closing():
+                self.loop.call_soon(self._parse_if_open)
+
+        def _parse_if_open(self) -> None:
+            if self.parser is not None and not self.transport.is_closing():
+                self._parse()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -266,8 +428,32 @@ def guarded_protocol(limits: HttpLimits):
         # A refused request never reaches the app: its remaining parser events are dropped.
         def on_headers_complete(self) -> None:
             if self._refusal is None:
+                self._refusal = self._admit_body()
+            if self._refusal is None:
                 self._in_headers, self._header_bytes = False, 0
                 super().on_headers_complete()
+
+        def _admit_body(self) -> tuple[int, str, str] | None:
+            """Charge the declared body to ``bytes_in_flight`` before a byte of it is read; a refusal if it cannot."""
+            names = {name for name, _ in self.headers}
+            if b"transfer-encoding" in names:  # no client of ours sends one: every body's size is known up front
+                return 411, "length_required", "send the request body with Content-Length (not chunked)"
+            declared = next((value for name, value in self.headers if name == b"content-length"), b"0")
+            if not declared.isdigit():  # llhttp refuses a malformed one itself; this keeps int() total
+                return 400, "bad_request", "Content-Length must be a decimal number"
+            declared = int(declared)
+            # A body over max_body_bytes is refused unread by the app (413): nothing of it is kept.
+            charge = declared if declared <= limits.max_body_bytes else 0
+            if charge and not bytes_in_flight.admit(self, charge):
+                return (
+                    503,
+                    "too_many_bytes_in_flight",
+                    f"request bodies in flight use the service's {limits.max_body_bytes_in_flight} bytes for them; "
+                    "retry shortly",
+                )
+            self._charges.append(charge)
+            self._body_left = declared
+            return None
 
         def on_body(self, body: bytes) -> None:
             if self._refusal is None:
@@ -277,17 +463,11 @@ def guarded_protocol(limits: HttpLimits):
             if self._refusal is None:
                 self._disarm_read_timer()
                 self._in_headers, self._header_count = True, 0
-                self._receiving = False
+                self._receiving, self._body_left = False, 0
                 if not self.cycle.response_complete:  # else the app answered it before its body was complete
                     self._unanswered += 1
                 super().on_message_complete()
                 self._file()
-
-        def on_response_complete(self) -> None:
-            # Only a complete request was counted: one answered early (its body still coming) never was.
-            self._unanswered = max(self._unanswered - 1, 0)
-            super().on_response_complete()
-            self._file()
 
         def _arm_read_timer(self) -> None:
             if self._read_timer is None:
@@ -302,8 +482,8 @@ def guarded_protocol(limits: HttpLimits):
             self._read_timer = None
             if self.cycle is None or self.cycle.response_complete:  # nothing of ours is being sent
                 self._refuse(408, "request_timeout", f"the request did not arrive within {limits.read_timeout_s:g} s")
-            else:
-                self.transport.close()
+            else:  # dropped, not closed: a close waits for answers the client may never read
+                self.transport.abort()
 
         def _refuse(self, status: int, code: str, detail: str) -> None:
             self.logger.warning("refused a request from %s: %s", self.client, detail)
@@ -314,4 +494,12 @@ def guarded_protocol(limits: HttpLimits):
     return GuardedHttpToolsProtocol
 
 
-__all__ = ["LOOPBACK_PEER", "MAX_BODY_BYTES", "HttpLimits", "OpenConnections", "guarded_protocol", "peer_key"]
+__all__ = [
+    "LOOPBACK_PEER",
+    "MAX_BODY_BYTES",
+    "BytesInFlight",
+    "HttpLimits",
+    "OpenConnections",
+    "guarded_protocol",
+    "peer_key",
+]

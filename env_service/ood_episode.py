@@ -63,15 +63,73 @@ def snapshot_bytes(snapshot: Any) -> int:
     return len(json.dumps(snapshot, ensure_ascii=False).encode("utf-8"))
 
 
-def check_snapshot(snapshot: Any) -> dict | None:
-    """A memory snapshot as an episode takes it: None or a JSON object within the size cap (ValueError else)."""
+#: Containers a snapshot nests at most (the vector backend's: snapshot, memory, store). Checked before anything
+#: walks a snapshot recursively, so a deeply nested one is a clear refusal, not a RecursionError.
+MAX_SNAPSHOT_DEPTH = 3
+
+
+def _text(value: Any, where: str) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{where} must be a string, got {type(value).__name__}")
+
+
+def _text_map(value: Any, where: str) -> None:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a JSON object of strings, got {type(value).__name__}")
+    for key, text in value.items():
+        _text(text, f"{where}[{clip_text(key, 80)!r}]")
+
+
+def _vector_store(value: Any, where: str) -> None:
+    if not isinstance(value, dict) or set(value) != {"next_id", "store"}:
+        raise ValueError(f"{where} must be a JSON object with exactly 'next_id' and 'store'")
+    if not isinstance(value["next_id"], int) or isinstance(value["next_id"], bool):
+        raise ValueError(f"{where}.next_id must be an integer")
+    _text_map(value["store"], f"{where}.store")
+    if not all(key.isdigit() for key in value["store"]):
+        raise ValueError(f"{where}.store's keys must be entry numbers (digits)")
+
+
+#: The snapshot each memory backend flushes (bfcl's ``_flush_memory_to_local_file``): its keys and their checks.
+SNAPSHOT_SHAPES: dict[str, dict[str, Any]] = {
+    "MemoryAPI_kv": {"core_memory": _text_map, "archival_memory": _text_map},
+    "MemoryAPI_rec_sum": {"memory": _text},
+    "MemoryAPI_vector": {"core_memory": _vector_store, "archival_memory": _vector_store},
+}
+
+
+def _nesting_exceeds(value: Any, depth: int) -> bool:
+    """True when ``value`` nests lists or objects more than ``depth`` deep (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            if level > depth:
+                return True
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def check_snapshot(snapshot: Any, backend: str | None = None) -> dict | None:
+    """A memory snapshot as an episode takes it: None, ``{}`` (no memory) or what ``backend``'s flush writes
+    (``SNAPSHOT_SHAPES``; any backend's nesting when None), within the size cap; ValueError with one line else."""
     if snapshot is None:
         return None
     if not isinstance(snapshot, dict):
         raise ValueError(f"memory_snapshot must be a JSON object, got {type(snapshot).__name__}")
+    if _nesting_exceeds(snapshot, MAX_SNAPSHOT_DEPTH):
+        raise ValueError(f"memory_snapshot nests more than {MAX_SNAPSHOT_DEPTH} objects deep; no backend's does")
     size = snapshot_bytes(snapshot)
     if size > MAX_SNAPSHOT_BYTES:
         raise ValueError(f"memory_snapshot has {size} bytes; the limit is {MAX_SNAPSHOT_BYTES}")
+    if backend is not None and snapshot:
+        shape = SNAPSHOT_SHAPES[backend]
+        if set(snapshot) != set(shape):
+            raise ValueError(
+                f"a {backend} memory_snapshot has exactly the keys {sorted(shape)}; got {sorted(snapshot)[:10]}"
+            )
+        for key, check in shape.items():
+            check(snapshot[key], f"memory_snapshot.{key}")
     return snapshot
 
 
@@ -93,7 +151,7 @@ class OodEpisode(Episode):
             raise ValueError(reason)
         if memory_snapshot is not None and not task.is_memory:
             raise ValueError(f"{task.id} takes no memory snapshot (not a memory task)")
-        self._snapshot_in = check_snapshot(memory_snapshot)
+        self._snapshot_in = check_snapshot(memory_snapshot, task.backend)
         self._snapshot_out: dict | None = None
         # The last message that ran no tool call: all the checker reads (keeping every one would keep up to
         # max_steps messages beyond what the episode counts as kept).

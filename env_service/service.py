@@ -17,7 +17,8 @@ unknown), 409 conflict (a request id reused for another request, stepping a fini
 ``episode_busy`` while another request on the episode runs), 413 body or content too large, 422 malformed JSON,
 wrong field types or invalid config, 429 too many requests in flight for one owner, too many run ids for one
 address, or an owner whose live episodes keep more than ``max_owner_bytes`` (``owner_memory_exceeded``), 503 too
-many live episodes or connections, 500 only for a bug on our side (short message; the traceback goes to the server
+many live episodes or connections, or request bodies in flight over their budget (``too_many_bytes_in_flight``), 411 a
+body sent without Content-Length, 500 only for a bug on our side (short message; the traceback goes to the server
 log, never into the response).
 
 Compared with the released environment's service: typed per-endpoint bodies instead of one generic envelope, no

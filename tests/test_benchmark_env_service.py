@@ -44,6 +44,8 @@ def test_benchmark_quick_runs(tmp_path):
         "guessed and reused ids",
         "slow bodies from loopback addresses",
         "web fetches of loopback addresses",
+        "pipelined requests never read",
+        "2 MiB bodies that never finish",
         "its episode kills its worker",
         "a stopped (SIGSTOP) worker",
         "RSS ratio",
