@@ -190,6 +190,20 @@ def workers_scaling(task_ids: list[str]) -> dict:
     return figures
 
 
+def another_client_address() -> str | None:
+    """A local IPv4 address beyond loopback, or None. The service counts its limits per client address and all of
+    loopback is one client; a connection to 127.0.0.1 that leaves from this address is another client."""
+    import ipaddress
+
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not ipaddress.ip_address(address.address).is_loopback:
+                return address.address
+    return None
+
+
 def _call(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 

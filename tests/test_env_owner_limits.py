@@ -1,0 +1,209 @@
+"""Limits that protect other clients count per client address, whatever run ids it names; a client's kept verdicts
+are its own; a retried create that overlaps its original gets the original's episode.
+
+Against a real service (loopback HTTP, one worker process, small limits). All of loopback is one client; a second
+client connects to 127.0.0.1 from a local address beyond loopback (skipped on a machine without one).
+
+* One client naming 4 run ids holds one client's live episodes, memory and requests in flight, not 4 (before: 4x
+  each, so one client took the whole service); another client still gets its own share.
+* Another client finishing many episodes evicts its own kept verdicts, never an innocent's (before: one pool, the
+  innocent's retried ``evaluate(release)`` got 404).
+* A create whose first attempt timed out behind another client's slow message: the retry with the same
+  ``request_id`` waits for the original and gets its episode, over raw HTTP and through ``EnvClient`` (before: 409,
+  and the original stayed live under an id the client never learnt).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from test_env_budgets import BENCHMARK, aliasing_messages, call
+from test_env_owner_memory import big_file
+
+from env_service.client import EnvClient, EnvServiceError
+from env_service.config import ServiceLimits
+from env_service.http_limits import HttpLimits
+from env_service.manager import EpisodeManager
+from env_service.service import ServerThread
+
+MIB = 1024 * 1024
+SLOW_S = 3.0  # a budget-busting message holds the one worker this long
+LIMITS = ServiceLimits(
+    max_episodes_per_owner=4,
+    max_owner_bytes=1 * MIB,
+    evaluations_kept_per_client=4,
+    evaluations_kept=8,
+    call_budget_s=SLOW_S,
+    message_budget_s=SLOW_S,
+)
+HTTP = HttpLimits(max_requests_per_owner=4)
+RUN_IDS = [f"run-{k}" for k in range(4)]
+TASK = "multi_turn_base_2"
+FS_TASK = "multi_turn_base_0"
+LOOPBACK_CLIENT = "addr:loopback"
+
+
+@pytest.fixture(scope="module")
+def other_address() -> str:
+    address = BENCHMARK.another_client_address()
+    if address is None:
+        pytest.skip("no local address beyond loopback: a second client needs one")
+    return address
+
+
+@pytest.fixture(scope="module")
+def service():
+    with ServerThread(EpisodeManager(workers=1, limits=LIMITS), limits=HTTP) as server:
+        yield server
+
+
+@pytest.fixture()
+def runs(service):
+    """One loopback client naming 4 run ids (an EnvClient each); every episode is released afterwards."""
+    clients = [EnvClient(service.url, retries=0, timeout_s=60, run_id=run_id) for run_id in RUN_IDS]
+    yield clients
+    for client in clients:
+        client.close()
+    for slot in list(service.manager._slots.values()):
+        service.manager.release(slot.instance_id)
+
+
+def _created(client: EnvClient, task: str = FS_TASK) -> str | None:
+    """A new episode's id, or None when the client's episode cap refused it (any other error fails the test)."""
+    try:
+        return client.create(task, "validate")["instance_id"]
+    except EnvServiceError as error:
+        assert (error.status, error.error) == (503, "capacity_exceeded") and "this client" in error.message, error
+        return None
+
+
+def _live_of(service, client: str) -> list[str]:
+    return [slot.instance_id for slot in list(service.manager._slots.values()) if slot.client == client]
+
+
+def _busy_worker(service, other_address: str) -> threading.Thread:
+    """Another client's message that runs to its budget on the one worker (started, and running, on return)."""
+    hostile = EnvClient(service.url, retries=0, timeout_s=60, run_id="hostile", source_address=other_address)
+    instance_id = hostile.create(FS_TASK, "validate")["instance_id"]
+    for message in aliasing_messages():  # after these, a find runs to its budget
+        hostile.step(instance_id, message)
+
+    def slow() -> None:
+        hostile.step(instance_id, call("find", path="."))
+        hostile.evaluate(instance_id, release=True)
+        hostile.close()
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.3)  # the find is running
+    return thread
+
+
+# -- per-client limits, whatever run ids -----------------------------------------------------------------
+
+
+def test_run_ids_share_their_clients_episode_cap(service, runs, other_address):
+    created = [_created(client) for client in runs for _ in range(LIMITS.max_episodes_per_owner)]
+    live = [instance_id for instance_id in created if instance_id]
+    assert len(live) == LIMITS.max_episodes_per_owner  # before: 4 per run id, 16
+    assert sorted(_live_of(service, LOOPBACK_CLIENT)) == sorted(live)
+    for client in runs[1:]:  # run ids still partition the client's episodes (the first run id holds them all)
+        with pytest.raises(EnvServiceError) as unknown:
+            client.step(live[0], "hi")
+        assert unknown.value.status == 404
+    with EnvClient(service.url, retries=0, timeout_s=60, run_id="other", source_address=other_address) as other:
+        theirs = [_created(other) for _ in range(LIMITS.max_episodes_per_owner)]
+        assert None not in theirs  # another address: a share of its own
+
+
+def test_run_ids_share_their_clients_memory_budget(service, runs, other_address):
+    kept, refusals = {}, []
+    for client in runs:  # each run id fills an episode of its own until the client is refused
+        try:
+            instance_id = client.create(FS_TASK, "validate")["instance_id"]
+            for k in range(4):  # ~400 KB kept per message: 4 reach 1 MiB
+                kept[instance_id] = client.step(instance_id, big_file(k))["info"]["kept_bytes"]
+        except EnvServiceError as error:
+            assert (error.status, error.error) == (429, "owner_memory_exceeded"), error
+            refusals.append(error.message)
+    assert len(refusals) == len(runs) and all("all its run ids" in message for message in refusals)
+    total = sum(kept.values())
+    assert service.manager._client_bytes[LOOPBACK_CLIENT] >= total
+    # before: each run id kept its own max_owner_bytes, ~4 MiB together
+    assert total < 2 * LIMITS.max_owner_bytes, total
+    with EnvClient(service.url, retries=0, timeout_s=60, run_id="other", source_address=other_address) as other:
+        instance_id = other.create(FS_TASK, "validate")["instance_id"]
+        assert other.step(instance_id, big_file(0))["info"]["num_tool_errors"] == 0  # its own budget
+        other.release(instance_id)
+
+
+def test_run_ids_share_their_clients_requests_in_flight(service, runs, other_address):
+    busy = _busy_worker(service, other_address)
+
+    def create(client: EnvClient) -> str:
+        try:
+            client.create(TASK, "validate")
+            return "created"
+        except EnvServiceError as error:
+            return error.error
+
+    with ThreadPoolExecutor(2 * len(runs)) as pool:  # 2 per run id, all waiting for the worker
+        answers = list(pool.map(create, [client for client in runs for _ in range(2)]))
+    busy.join()
+    # before: 2 per run id were in flight, 8 of the client's; now its 4 are, the rest refused at once
+    assert answers.count("created") == HTTP.max_requests_per_owner, answers
+    assert answers.count("too_many_requests") == len(answers) - HTTP.max_requests_per_owner, answers
+
+
+# -- kept verdicts per client ---------------------------------------------------------------------------
+
+
+def _finished(client: EnvClient) -> tuple[str, dict]:
+    instance_id = client.create(TASK, "validate")["instance_id"]
+    client.step(instance_id, "Done.")
+    return instance_id, client.evaluate(instance_id, release=True)
+
+
+def test_another_client_finishing_many_episodes_keeps_the_innocents_verdict(service, other_address):
+    with (
+        EnvClient(service.url, retries=0, timeout_s=60, run_id="innocent") as innocent,
+        EnvClient(service.url, retries=0, timeout_s=60, run_id="flood", source_address=other_address) as flood,
+    ):
+        instance_id, verdict = _finished(innocent)
+        flooded = [_finished(flood)[0] for _ in range(3 * LIMITS.evaluations_kept)]
+        # before: one pool of kept verdicts, the flood evicted the innocent's (404 on its retry)
+        assert innocent.evaluate(instance_id, release=True) == verdict
+        with pytest.raises(EnvServiceError) as evicted:  # the flood's oldest: evicted by its own
+            flood.evaluate(flooded[0], release=True)
+        assert evicted.value.status == 404
+        assert flood.evaluate(flooded[-1], release=True)["task_id"] == TASK  # its latest are kept
+        kept = service.manager._evaluated
+        assert len(kept[f"addr:{other_address}"]) == LIMITS.evaluations_kept_per_client
+
+
+# -- a create retried while its original runs -------------------------------------------------------------
+
+
+def test_a_create_retried_while_its_original_waits_gets_the_same_episode(service, other_address):
+    body = {"task_id": TASK, "mode": "validate", "request_id": "rq-overlap"}
+    busy = _busy_worker(service, other_address)
+    with pytest.raises(requests.ReadTimeout):  # the first attempt waits behind the other client's message
+        requests.post(service.url + "/create", json=body, timeout=0.5)
+    retry = requests.post(service.url + "/create", json=body, timeout=60)
+    busy.join()
+    assert retry.status_code == 200, retry.text  # before: 409, the request id being in use
+    assert _live_of(service, LOOPBACK_CLIENT) == [retry.json()["instance_id"]]  # no second, no orphan
+    requests.post(service.url + "/release", json={"instance_id": retry.json()["instance_id"]}, timeout=30)
+
+    busy = _busy_worker(service, other_address)
+    # The first attempt times out (the message ends about SLOW_S + 1 s after it started); the retry's answer comes
+    # within its time: before, a 409 (its own create ran after the original's and found the request id in use).
+    with EnvClient(service.url, retries=1, backoff_s=0.05, timeout_s=SLOW_S) as client:
+        created = client.create(TASK, "validate")
+    busy.join()
+    assert _live_of(service, LOOPBACK_CLIENT) == [created["instance_id"]]
+    requests.post(service.url + "/release", json={"instance_id": created["instance_id"]}, timeout=30)
