@@ -130,11 +130,11 @@ def test_run_ids_share_their_clients_memory_budget(service, runs, other_address)
         except EnvServiceError as error:
             assert (error.status, error.error) == (429, "owner_memory_exceeded"), error
             refusals.append(error.message)
-    assert len(refusals) == len(runs) and all("all its run ids" in message for message in refusals)
     total = sum(kept.values())
-    assert service.manager._client_bytes[LOOPBACK_CLIENT] >= total
     # before: each run id kept its own max_owner_bytes, ~4 MiB together
     assert total < 2 * LIMITS.max_owner_bytes, total
+    assert service.manager._client_bytes[LOOPBACK_CLIENT] >= total
+    assert len(refusals) == len(runs) and all("all its run ids" in message for message in refusals)
     with EnvClient(service.url, retries=0, timeout_s=60, run_id="other", source_address=other_address) as other:
         instance_id = other.create(FS_TASK, "validate")["instance_id"]
         assert other.step(instance_id, big_file(0))["info"]["num_tool_errors"] == 0  # its own budget
@@ -199,6 +199,8 @@ def test_a_create_retried_while_its_original_waits_gets_the_same_episode(service
     assert _live_of(service, LOOPBACK_CLIENT) == [retry.json()["instance_id"]]  # no second, no orphan
     requests.post(service.url + "/release", json={"instance_id": retry.json()["instance_id"]}, timeout=30)
 
+
+def test_the_client_retrying_a_create_behind_a_slow_message_gets_one_episode(service, other_address):
     busy = _busy_worker(service, other_address)
     # The first attempt times out (the message ends about SLOW_S + 1 s after it started); the retry's answer comes
     # within its time: before, a 409 (its own create ran after the original's and found the request id in use).
