@@ -602,7 +602,11 @@ def _finished_episodes_flood(client, stop) -> dict:
             list(pool.map(finish, range(FLOOD_EPISODES)))
         flood.close()
         kept = _answers(lambda: innocent.evaluate(iid, release=True)) == verdict
-    return {"episodes finished by the other client": FLOOD_EPISODES, "innocent's verdict kept": kept}
+    return {"episodes finished by the other client": FLOOD_EPISODES, INNOCENT_VERDICTS_LOST: int(not kept)}
+
+
+#: An attack's figure: innocent verdicts it saw lost (counted as lost innocent episodes).
+INNOCENT_VERDICTS_LOST = "innocent verdicts lost"
 
 
 PASSING_TASK = "multi_turn_base_2"
@@ -688,6 +692,7 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
     rss_after = service.rss_mib()
     stop.set()
     thread.join(120)
+    lost += ["a verdict kept for its retry was lost"] * extra.get(INNOCENT_VERDICTS_LOST, 0)  # seen by the attack
     p99 = _p99(latencies)
     return {
         "p99_s": p99,
