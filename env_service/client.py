@@ -9,8 +9,10 @@ connection errors, read timeouts, 429/502/503/504, and 409 ``episode_busy`` (an 
 step is still running; the service refuses rather than queues it). Any other 4xx is never retried (the same
 request would fail the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
 answers an already-applied step from cache instead of applying it twice; retrying ``create`` is safe
-because the client sends a ``request_id`` chosen up front (the service mints the instance id); retrying ``evaluate`` is safe because the
-manager keeps a released episode's evaluation a while and answers the retry with it.
+because the client sends a ``request_id`` chosen up front (the service mints the instance id, and a retry that
+overlaps its still-running original waits for it and gets its episode, or 503 ``create_in_progress``); retrying
+``evaluate`` is safe because the manager keeps a released episode's evaluation a while (among its client's) and
+answers the retry with it.
 
 ``run_id`` names the caller's run on every request (failure profiles are per run) and ``secret`` is the
 service's shared secret (see ``env_service.auth``); both are optional.

@@ -11,7 +11,6 @@ import json
 
 import pytest
 import requests
-from test_env_budgets import BENCHMARK
 
 from env_service.client import EnvClient, EnvServiceError
 from env_service.config import ServiceLimits
@@ -80,13 +79,10 @@ def test_state_limit_refuses_further_tool_calls(client):
     assert evaluation["tags"][0] == "budget_exceeded" and evaluation["valid"] is False
 
 
-def test_live_episodes_are_capped_per_client_and_in_total(service):
-    other_address = BENCHMARK.another_client_address()
-    if other_address is None:
-        pytest.skip("no local address beyond loopback: another client needs one")
+def test_live_episodes_are_capped_per_client_and_in_total(service, other_client_address):
     clients = [
         EnvClient(service.url, retries=0, timeout_s=30, run_id=f"limits-owner-{k}", source_address=source)
-        for k, source in enumerate([None, other_address, None])  # all of loopback is one client
+        for k, source in enumerate([None, other_client_address, None])  # all of loopback is one client
     ]
     try:
         first = [clients[0].create(FS_TASK, "validate")["instance_id"] for _ in range(LIMITS.max_episodes_per_owner)]

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from test_env_budgets import BENCHMARK, aliasing_messages, call
+from test_env_budgets import aliasing_messages, call
 from test_env_owner_memory import big_file
 
 from env_service.client import EnvClient, EnvServiceError
@@ -45,14 +45,6 @@ RUN_IDS = [f"run-{k}" for k in range(4)]
 TASK = "multi_turn_base_2"
 FS_TASK = "multi_turn_base_0"
 LOOPBACK_CLIENT = "addr:loopback"
-
-
-@pytest.fixture(scope="module")
-def other_address() -> str:
-    address = BENCHMARK.another_client_address()
-    if address is None:
-        pytest.skip("no local address beyond loopback: a second client needs one")
-    return address
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +77,9 @@ def _live_of(service, client: str) -> list[str]:
     return [slot.instance_id for slot in list(service.manager._slots.values()) if slot.client == client]
 
 
-def _busy_worker(service, other_address: str) -> threading.Thread:
+def _busy_worker(service, address: str) -> threading.Thread:
     """Another client's message that runs to its budget on the one worker (started, and running, on return)."""
-    hostile = EnvClient(service.url, retries=0, timeout_s=60, run_id="hostile", source_address=other_address)
+    hostile = EnvClient(service.url, retries=0, timeout_s=60, run_id="hostile", source_address=address)
     instance_id = hostile.create(FS_TASK, "validate")["instance_id"]
     for message in aliasing_messages():  # after these, a find runs to its budget
         hostile.step(instance_id, message)
@@ -106,7 +98,7 @@ def _busy_worker(service, other_address: str) -> threading.Thread:
 # -- per-client limits, whatever run ids -----------------------------------------------------------------
 
 
-def test_run_ids_share_their_clients_episode_cap(service, runs, other_address):
+def test_run_ids_share_their_clients_episode_cap(service, runs, other_client_address):
     created = [_created(client) for client in runs for _ in range(LIMITS.max_episodes_per_owner)]
     live = [instance_id for instance_id in created if instance_id]
     assert len(live) == LIMITS.max_episodes_per_owner  # before: 4 per run id, 16
@@ -115,12 +107,12 @@ def test_run_ids_share_their_clients_episode_cap(service, runs, other_address):
         with pytest.raises(EnvServiceError) as unknown:
             client.step(live[0], "hi")
         assert unknown.value.status == 404
-    with EnvClient(service.url, retries=0, timeout_s=60, run_id="other", source_address=other_address) as other:
+    with EnvClient(service.url, retries=0, timeout_s=60, run_id="other", source_address=other_client_address) as other:
         theirs = [_created(other) for _ in range(LIMITS.max_episodes_per_owner)]
         assert None not in theirs  # another address: a share of its own
 
 
-def test_run_ids_share_their_clients_memory_budget(service, runs, other_address):
+def test_run_ids_share_their_clients_memory_budget(service, runs, other_client_address):
     kept, refusals = {}, []
     for client in runs:  # each run id fills an episode of its own until the client is refused
         try:
@@ -135,14 +127,14 @@ def test_run_ids_share_their_clients_memory_budget(service, runs, other_address)
     assert total < 2 * LIMITS.max_owner_bytes, total
     assert service.manager._client_bytes[LOOPBACK_CLIENT] >= total
     assert len(refusals) == len(runs) and all("all its run ids" in message for message in refusals)
-    with EnvClient(service.url, retries=0, timeout_s=60, run_id="other", source_address=other_address) as other:
+    with EnvClient(service.url, retries=0, timeout_s=60, run_id="other", source_address=other_client_address) as other:
         instance_id = other.create(FS_TASK, "validate")["instance_id"]
         assert other.step(instance_id, big_file(0))["info"]["num_tool_errors"] == 0  # its own budget
         other.release(instance_id)
 
 
-def test_run_ids_share_their_clients_requests_in_flight(service, runs, other_address):
-    busy = _busy_worker(service, other_address)
+def test_run_ids_share_their_clients_requests_in_flight(service, runs, other_client_address):
+    busy = _busy_worker(service, other_client_address)
 
     def create(client: EnvClient) -> str:
         try:
@@ -168,10 +160,10 @@ def _finished(client: EnvClient) -> tuple[str, dict]:
     return instance_id, client.evaluate(instance_id, release=True)
 
 
-def test_another_client_finishing_many_episodes_keeps_the_innocents_verdict(service, other_address):
+def test_another_client_finishing_many_episodes_keeps_the_innocents_verdict(service, other_client_address):
     with (
         EnvClient(service.url, retries=0, timeout_s=60, run_id="innocent") as innocent,
-        EnvClient(service.url, retries=0, timeout_s=60, run_id="flood", source_address=other_address) as flood,
+        EnvClient(service.url, retries=0, timeout_s=60, run_id="flood", source_address=other_client_address) as flood,
     ):
         instance_id, verdict = _finished(innocent)
         flooded = [_finished(flood)[0] for _ in range(3 * LIMITS.evaluations_kept)]
@@ -182,15 +174,15 @@ def test_another_client_finishing_many_episodes_keeps_the_innocents_verdict(serv
         assert evicted.value.status == 404
         assert flood.evaluate(flooded[-1], release=True)["task_id"] == TASK  # its latest are kept
         kept = service.manager._evaluated
-        assert len(kept[f"addr:{other_address}"]) == LIMITS.evaluations_kept_per_client
+        assert len(kept[f"addr:{other_client_address}"]) == LIMITS.evaluations_kept_per_client
 
 
 # -- a create retried while its original runs -------------------------------------------------------------
 
 
-def test_a_create_retried_while_its_original_waits_gets_the_same_episode(service, other_address):
+def test_a_create_retried_while_its_original_waits_gets_the_same_episode(service, other_client_address):
     body = {"task_id": TASK, "mode": "validate", "request_id": "rq-overlap"}
-    busy = _busy_worker(service, other_address)
+    busy = _busy_worker(service, other_client_address)
     with pytest.raises(requests.ReadTimeout):  # the first attempt waits behind the other client's message
         requests.post(service.url + "/create", json=body, timeout=0.5)
     retry = requests.post(service.url + "/create", json=body, timeout=60)
@@ -200,8 +192,8 @@ def test_a_create_retried_while_its_original_waits_gets_the_same_episode(service
     requests.post(service.url + "/release", json={"instance_id": retry.json()["instance_id"]}, timeout=30)
 
 
-def test_the_client_retrying_a_create_behind_a_slow_message_gets_one_episode(service, other_address):
-    busy = _busy_worker(service, other_address)
+def test_the_client_retrying_a_create_behind_a_slow_message_gets_one_episode(service, other_client_address):
+    busy = _busy_worker(service, other_client_address)
     # The first attempt times out (the message ends about SLOW_S + 1 s after it started); the retry's answer comes
     # within its time: before, a 409 (its own create ran after the original's and found the request id in use).
     with EnvClient(service.url, retries=1, backoff_s=0.05, timeout_s=SLOW_S) as client:

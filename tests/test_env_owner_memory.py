@@ -17,7 +17,6 @@ import signal
 
 import psutil
 import pytest
-from test_env_budgets import BENCHMARK
 
 from env_service import replay, tasks
 from env_service.client import EnvClient, EnvServiceError
@@ -60,14 +59,6 @@ def service():
 
 
 LOOPBACK_CLIENT = "addr:loopback"
-
-
-@pytest.fixture(scope="module")
-def other_address() -> str:
-    address = BENCHMARK.another_client_address()
-    if address is None:
-        pytest.skip("no local address beyond loopback: another client needs one")
-    return address
 
 
 def _kept(service) -> int:
@@ -116,10 +107,14 @@ def _passes_ground_truth(client: EnvClient) -> bool:
     return client.evaluate(instance_id, release=True)["valid"]
 
 
-def test_a_client_over_its_budget_is_refused_and_its_memory_stays_bounded_while_others_go_on(service, other_address):
+def test_a_client_over_its_budget_is_refused_and_its_memory_stays_bounded_while_others_go_on(
+    service, other_client_address
+):
     with (
         EnvClient(service.url, retries=0, timeout_s=60, run_id="attacker") as attacker,
-        EnvClient(service.url, retries=0, timeout_s=60, run_id="innocent", source_address=other_address) as innocent,
+        EnvClient(
+            service.url, retries=0, timeout_s=60, run_id="innocent", source_address=other_client_address
+        ) as innocent,
     ):
         assert _passes_ground_truth(innocent) is True  # warms the workers up before the memory is measured
         before = _rss_bytes(service)
