@@ -44,6 +44,8 @@ def test_benchmark_quick_runs(tmp_path):
         "guessed and reused ids",
         "slow bodies from loopback addresses",
         "web fetches of loopback addresses",
+        "4 run ids of one client fill the service",
+        "another client finishes 2,148 episodes",
         "its episode kills its worker",
         "a stopped (SIGSTOP) worker",
         "RSS ratio",
