@@ -7,7 +7,8 @@ client connects to 127.0.0.1 from a local address beyond loopback (skipped on a 
 * One client naming 4 run ids holds one client's live episodes, memory and requests in flight, not 4 (before: 4x
   each, so one client took the whole service); another client still gets its own share.
 * Another client finishing many episodes evicts its own kept verdicts, never an innocent's (before: one pool, the
-  innocent's retried ``evaluate(release)`` got 404).
+  innocent's retried ``evaluate(release)`` got 404); when all clients together keep too many, the biggest holder
+  gives up its oldest.
 * A create whose first attempt timed out behind another client's slow message: the retry with the same
   ``request_id`` waits for the original and gets its episode, over raw HTTP and through ``EnvClient`` (before: 409,
   and the original stayed live under an id the client never learnt).
@@ -26,6 +27,7 @@ from test_env_owner_memory import big_file
 
 from env_service.client import EnvClient, EnvServiceError
 from env_service.config import ServiceLimits
+from env_service.errors import UnknownInstance
 from env_service.http_limits import HttpLimits
 from env_service.manager import EpisodeManager
 from env_service.service import ServerThread
@@ -201,3 +203,20 @@ def test_the_client_retrying_a_create_behind_a_slow_message_gets_one_episode(ser
     busy.join()
     assert _live_of(service, LOOPBACK_CLIENT) == [created["instance_id"]]
     requests.post(service.url + "/release", json={"instance_id": created["instance_id"]}, timeout=30)
+
+
+def test_when_all_clients_together_keep_too_many_verdicts_the_biggest_holder_loses_its_oldest():
+    manager = EpisodeManager(limits=ServiceLimits(evaluations_kept_per_client=4, evaluations_kept=6))
+
+    def finish(client: str) -> tuple[str, dict]:
+        instance_id = manager.create(TASK, "validate", owner=client)["instance_id"]
+        return instance_id, manager.evaluate(instance_id, release=True, owner=client)
+
+    innocent, verdict = finish("innocent")  # the oldest verdict of all
+    flooded = {client: [finish(client)[0] for _ in range(4)] for client in ("flood-a", "flood-b")}
+    # before: one pool, oldest first: the innocent's went first
+    assert manager.evaluate(innocent, release=True, owner="innocent") == verdict
+    kept = {client: len(manager._evaluated.get(client, ())) for client in ("innocent", "flood-a", "flood-b")}
+    assert kept == {"innocent": 1, "flood-a": 3, "flood-b": 2}  # the two floods gave up their oldest, in turn
+    with pytest.raises(UnknownInstance):  # the first flood's oldest
+        manager.evaluate(flooded["flood-a"][0], release=True, owner="flood-a")
