@@ -33,7 +33,7 @@ from env_service.manager import EpisodeManager
 from env_service.service import ServerThread
 
 MIB = 1024 * 1024
-SLOW_S = 3.0  # a budget-busting message holds the one worker this long
+SLOW_S = 3.0  # a budget-busting message holds the one worker about this long (up to 2 s more on a busy machine)
 LIMITS = ServiceLimits(
     max_episodes_per_owner=4,
     max_owner_bytes=1 * MIB,
@@ -41,6 +41,7 @@ LIMITS = ServiceLimits(
     evaluations_kept=8,
     call_budget_s=SLOW_S,
     message_budget_s=SLOW_S,
+    call_memory_mib=1024,  # room for the find to run into its time budget, not its memory budget (~1 GiB)
 )
 HTTP = HttpLimits(max_requests_per_owner=4)
 RUN_IDS = [f"run-{k}" for k in range(4)]
@@ -93,7 +94,10 @@ def _busy_worker(service, address: str) -> threading.Thread:
 
     thread = threading.Thread(target=slow)
     thread.start()
-    time.sleep(0.3)  # the find is running
+    deadline = time.monotonic() + 30
+    while service.manager.health()["per_worker"][0]["busy_s"] < 0.2:  # the find runs (other requests take ms)
+        assert time.monotonic() < deadline and thread.is_alive(), "the slow message never started"
+        time.sleep(0.02)
     return thread
 
 
@@ -194,13 +198,15 @@ def test_a_create_retried_while_its_original_waits_gets_the_same_episode(service
     requests.post(service.url + "/release", json={"instance_id": retry.json()["instance_id"]}, timeout=30)
 
 
-def test_the_client_retrying_a_create_behind_a_slow_message_gets_one_episode(service, other_client_address):
+def test_the_client_retrying_a_create_behind_a_slow_message_gets_one_episode(service, other_client_address, caplog):
     busy = _busy_worker(service, other_client_address)
-    # The first attempt times out (the message ends about SLOW_S + 1 s after it started); the retry's answer comes
-    # within its time: before, a 409 (its own create ran after the original's and found the request id in use).
-    with EnvClient(service.url, retries=1, backoff_s=0.05, timeout_s=SLOW_S) as client:
+    # The first attempt times out (the original waits SLOW_S - 0.5 s at least); the original's episode comes to the
+    # retry that is waiting then: before, that retry's own create ran after the original's and was answered 409, the
+    # request id being in use.
+    with EnvClient(service.url, retries=4, backoff_s=0.05, timeout_s=SLOW_S - 1.5) as client:
         created = client.create(TASK, "validate")
     busy.join()
+    assert "ReadTimeout on create" in caplog.text  # the first attempt did time out: its retry overlapped it
     assert _live_of(service, LOOPBACK_CLIENT) == [created["instance_id"]]
     requests.post(service.url + "/release", json={"instance_id": created["instance_id"]}, timeout=30)
 
