@@ -191,6 +191,20 @@ def workers_scaling(task_ids: list[str]) -> dict:
     return figures
 
 
+def another_client_address() -> str | None:
+    """A local IPv4 address beyond loopback, or None. The service counts its limits per client address and all of
+    loopback is one client; a connection to 127.0.0.1 that leaves from this address is another client."""
+    import ipaddress
+
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not ipaddress.ip_address(address.address).is_loopback:
+                return address.address
+    return None
+
+
 def _call(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
@@ -592,6 +606,70 @@ def _bodies_in_flight(client, stop) -> dict:
     return _keep_sending(client, stop, BODY_CONNECTIONS, start + b" " * (body - 1))
 
 
+def _from_another_address(client, run_id: str, **options):
+    """An EnvClient of another client than loopback (the innocent's), naming ``run_id``; None on a machine without a
+    local address beyond loopback (an attack from loopback would be the innocent's own client)."""
+    address = another_client_address()
+    if address is None:
+        return None
+    return EnvClient(client.url, retries=0, timeout_s=120, run_id=run_id, source_address=address, **options)
+
+
+def _run_ids_fill_the_service(client, stop) -> dict:
+    """One client naming 4 run ids creates episodes until refused and holds them: before, each run id had the
+    per-client cap (1,024), so 4 of them held all 4,096 episodes of the service and every other client got 503."""
+    from env_service.client import EnvServiceError
+
+    runs = [_from_another_address(client, f"filler-{k}") for k in range(4)]
+    if None in runs:
+        return {"skipped": "no local address beyond loopback"}
+    held: list[tuple] = []
+
+    def fill(run) -> None:
+        while not stop.is_set():
+            try:
+                held.append((run, run.create(PASSING_TASK, "validate")["instance_id"]))
+            except EnvServiceError as error:
+                if error.status not in (429, 503):
+                    raise
+                stop.wait(0.5)  # refused: hold what it has
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        list(pool.map(fill, runs))
+    for run, iid in held:
+        run.release(iid)
+    return {"episodes the 4 run ids held": len(held)}
+
+
+#: Episodes the flooding client finishes: more than one client's kept verdicts (``evaluations_kept_per_client``), which
+#: was also all clients' together before (one pool of 2,048).
+FLOOD_EPISODES = 2148
+
+
+def _finished_episodes_flood(client, stop) -> dict:
+    """Another client finishes FLOOD_EPISODES cheap episodes; then the verdict an innocent (loopback) client was
+    given just before must still answer its retried ``evaluate(release)`` (before: 404, evicted from the one pool)."""
+    flood = _from_another_address(client, "flood", pool_size=8)
+    if flood is None:
+        return {"skipped": "no local address beyond loopback"}
+    with EnvClient(client.url, retries=0, timeout_s=120, run_id="innocent") as innocent:
+        iid = innocent.create(PASSING_TASK, "validate")["instance_id"]
+        verdict = innocent.evaluate(iid, release=True)
+
+        def finish(_) -> None:
+            flood.evaluate(flood.create(PASSING_TASK, "validate")["instance_id"], release=True)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(finish, range(FLOOD_EPISODES)))
+        flood.close()
+        kept = _answers(lambda: innocent.evaluate(iid, release=True)) == verdict
+    return {"episodes finished by the other client": FLOOD_EPISODES, INNOCENT_VERDICTS_LOST: int(not kept)}
+
+
+#: An attack's figure: innocent verdicts it saw lost (counted as lost innocent episodes).
+INNOCENT_VERDICTS_LOST = "innocent verdicts lost"
+
+
 PASSING_TASK = "multi_turn_base_2"
 WEB_TASK = "web_search_base_0"
 OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an OOD episode with a scratch folder
@@ -611,6 +689,8 @@ ATTACKS = {
     "web fetches of loopback addresses": _forged_fetches,
     "pipelined requests never read": _pipelined_requests,
     "2 MiB bodies that never finish": _bodies_in_flight,
+    "4 run ids of one client fill the service": _run_ids_fill_the_service,
+    "another client finishes 2,148 episodes": _finished_episodes_flood,
 }
 #: Attacks that need a service of their own (flags): a worker killed by its episode.
 WORKER_ATTACKS = {"its episode kills its worker": _kills_its_worker}
@@ -675,6 +755,7 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
     rss_after, main_after = service.rss_mib(), service.rss_mib(workers=False)
     stop.set()
     thread.join(120)
+    lost += ["a verdict kept for its retry was lost"] * extra.get(INNOCENT_VERDICTS_LOST, 0)  # seen by the attack
     p99 = _p99(latencies)
     return {
         "p99_s": p99,

@@ -9,8 +9,10 @@ connection errors, read timeouts, 429/502/503/504, and 409 ``episode_busy`` (an 
 step is still running; the service refuses rather than queues it). Any other 4xx is never retried (the same
 request would fail the same way). Retrying a step is safe because the client sends each step's ``seq`` and the manager
 answers an already-applied step from cache instead of applying it twice; retrying ``create`` is safe
-because the client sends a ``request_id`` chosen up front (the service mints the instance id); retrying ``evaluate`` is safe because the
-manager keeps a released episode's evaluation a while and answers the retry with it.
+because the client sends a ``request_id`` chosen up front (the service mints the instance id, and a retry that
+overlaps its still-running original waits for it and gets its episode, or 503 ``create_in_progress``); retrying
+``evaluate`` is safe because the manager keeps a released episode's evaluation a while (among its client's) and
+answers the retry with it.
 
 ``run_id`` names the caller's run on every request (failure profiles are per run) and ``secret`` is the
 service's shared secret (see ``env_service.auth``); both are optional.
@@ -145,12 +147,26 @@ class _ClientAPI:
         raise NotImplementedError
 
 
+class _SourceAdapter(HTTPAdapter):
+    """requests' adapter, its connections leaving from ``source_address`` when one is given."""
+
+    def __init__(self, source_address: str | None, **options):
+        self.source_address = source_address  # before HTTPAdapter's __init__, which builds the pool
+        super().__init__(**options)
+
+    def init_poolmanager(self, *args, **options):
+        if self.source_address is not None:
+            options["source_address"] = (self.source_address, 0)
+        super().init_poolmanager(*args, **options)
+
+
 class EnvClient(_ClientAPI):
     """HTTP client. ``pool_size``: keep-alive connections (at least the caller's concurrency).
 
     ``trust_env``: honour HTTP(S)_PROXY / NO_PROXY / netrc from the environment (off by default).
     ``run_id`` / ``secret``: sent on every request (see the module docstring); ``secret`` defaults to
-    ``$SEAL_ENV_SECRET``, as the service's does.
+    ``$SEAL_ENV_SECRET``, as the service's does. ``source_address``: the local address to connect from (a node
+    with several; the service counts its limits per client address).
     """
 
     def __init__(
@@ -163,6 +179,7 @@ class EnvClient(_ClientAPI):
         trust_env: bool = False,
         run_id: str | None = None,
         secret: str | None = None,
+        source_address: str | None = None,
     ):
         super().__init__()
         self.url = url.rstrip("/")
@@ -181,7 +198,7 @@ class EnvClient(_ClientAPI):
         # os.environ every time), and an env service is reached directly (usually on 127.0.0.1).
         self.session.trust_env = trust_env
         # Retries are ours (below); urllib3's own would also retry 4xx-free POSTs blindly.
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        adapter = _SourceAdapter(source_address, pool_connections=1, pool_maxsize=pool_size, max_retries=0)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 

@@ -287,13 +287,19 @@ class ServiceLimits(_Block):
     # its prompt), measured like the state (executor.state_size); beyond it the episode ends with a text.
     max_episode_bytes: int = _opt(16 * 1024 * 1024, _int(minimum=64 * 1024))
     max_state_bytes: int = _opt(8 * 1024 * 1024, _int(minimum=1024))
-    # What all the live episodes of one owner (run id, else client address) keep together: their records and last
+    # What all the live episodes of one client keep together (a client is its address, ``peer_key``, whatever run ids
+    # it names: limits that protect other clients cannot be multiplied by minting run ids): their records and last
     # measured states in the workers, and their messages in the service (kept to rebuild them after a worker loss).
-    # Beyond it the owner's steps and creates are refused until it releases episodes; one owner then stays well
+    # Beyond it the client's steps and creates are refused until it releases episodes; one client then stays well
     # inside a worker's worker_memory_mib (a ground-truth episode keeps 100 KB at most).
     max_owner_bytes: int = _opt(1024 * 1024 * 1024, _int(minimum=1024 * 1024))
     max_episodes: int = _opt(4096, _int(minimum=1))
-    max_episodes_per_owner: int = _opt(1024, _int(minimum=1))
+    max_episodes_per_owner: int = _opt(1024, _int(minimum=1))  # live episodes of one client (all its run ids)
+    # Verdicts of released episodes kept for a retried evaluate (its first answer lost), each for 10 minutes: at most
+    # evaluations_kept_per_client of one client, evaluations_kept of all together (beyond, the oldest verdict of the
+    # client keeping the most goes), so a client finishing thousands of episodes evicts its own verdicts, not others'.
+    evaluations_kept_per_client: int = _opt(2048, _int(minimum=1))
+    evaluations_kept: int = _opt(4096, _int(minimum=1))
     idle_timeout_s: float = _opt(600.0, _float(0.0))
     reclaim_interval_s: float = _opt(15.0, _float(0.01))
 

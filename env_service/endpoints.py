@@ -70,10 +70,12 @@ class StepResponse(BaseModel):
 @dataclass(frozen=True)
 class Caller:
     """Who sent a request. ``run_id``: whose failure profile it reads or writes (None: the anonymous run).
-    ``owner``: whom per-client episode limits count it against."""
+    ``owner``: whose episodes it may see and use (its run, else its client). ``client``: whom the limits that protect
+    other clients count it against, whatever run ids it names (over HTTP its address; None: its owner)."""
 
     run_id: str | None
     owner: str
+    client: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,9 @@ class Endpoint:
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("create", "POST", "create", CreateRequest, CreateResponse, caller=("owner", "run_id")),
+    Endpoint("create", "POST", "create", CreateRequest, CreateResponse, caller=("owner", "run_id", "client")),
     Endpoint("step", "POST", "step", StepRequest, StepResponse, caller=("owner",)),
-    Endpoint("evaluate", "POST", "evaluate", EvaluateRequest, caller=("owner",)),
+    Endpoint("evaluate", "POST", "evaluate", EvaluateRequest, caller=("owner", "client")),
     Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released", caller=("owner",)),
     Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id",)),
     Endpoint("profile", "GET", "get_profile", caller=("run_id",)),

@@ -79,8 +79,15 @@ class CapacityExceeded(ManagerError):
     status, code = 503, "capacity_exceeded"
 
 
+class CreateInProgress(ManagerError):
+    """A create with the same ``request_id`` is still running (a retry that overlaps its original) and did not finish
+    within the retry's wait; retry later to get its episode (503: clients back off and retry)."""
+
+    status, code = 503, "create_in_progress"
+
+
 class OwnerMemoryExceeded(ManagerError):
-    """The owner's live episodes keep more than ``max_owner_bytes`` together; it must release some before it creates
+    """The client's live episodes keep more than ``max_owner_bytes`` together; it must release some before it creates
     or steps more (429: a client backs off and retries, and its other episodes may be released meanwhile)."""
 
     status, code = 429, "owner_memory_exceeded"
@@ -102,6 +109,7 @@ __all__ = [
     "BadRequest",
     "CapacityExceeded",
     "Conflict",
+    "CreateInProgress",
     "EpisodeBusy",
     "EpisodeFailure",
     "EpisodeLost",

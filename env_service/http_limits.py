@@ -48,11 +48,12 @@ class HttpLimits:
     # connections cannot lock the others out. A new one is refused (503) only when all of its address's are busy
     # (processing or answering a request).
     max_connections_per_peer: int = 1024
-    # Requests of one owner (run, else client address) in flight at once; more are refused (429) before they
-    # take a thread or a place in a worker's queue. Above the trainer's rollout concurrency (32) with room.
+    # Requests of one client address (``peer_key``, all its run ids) in flight at once; more are refused (429) before
+    # they take a thread or a place in a worker's queue. Above the trainer's rollout concurrency (32) with room.
     max_requests_per_owner: int = 96
     # Run ids one client address (``peer_key``) may use at once (one not seen for the manager's idle timeout is
-    # forgotten): per-run limits cannot be dodged by minting run ids. A trainer uses one per run.
+    # forgotten): what is kept per run (failure profiles, worker-time shares) cannot be multiplied by minting run ids.
+    # A trainer uses one per run.
     max_run_ids_per_peer: int = 16
     # Requests of one connection parsed and not yet answered (HTTP pipelining); the connection is not read beyond
     # them until one is answered, whatever the method or authentication. A client waits for each answer (1 in flight).

@@ -20,15 +20,18 @@ code); the service maps them to 4xx bodies ``{"error": code, "detail": message}`
 episode is a bug on our side: it is logged with its traceback and surfaces as :class:`EpisodeFailure`
 (500, short message, no traceback).
 
-Instance ids are minted here (unguessable, never reused) and an episode answers only its owner. Retries are
-made safe here rather than in the client: a ``create`` whose ``request_id`` (the caller's key) started a live
-episode with the same request and no steps is answered again (the first response was lost),
-and ``step`` takes an optional ``seq`` (the 0-based index of the step); a retried step whose ``seq``
+Instance ids are minted here (unguessable, never reused) and an episode answers only its owner. The limits that
+protect other clients (live episodes, what they keep, kept verdicts) count per *client* (the service passes the
+client's address): a client naming several run ids (owners) still has one share. Retries are made safe here rather
+than in the client: a ``create`` whose ``request_id`` (the caller's key) started a live episode with the same request
+and no steps is answered again (the first response was lost), one whose original is still running waits for it and
+gets its episode, and ``step`` takes an optional ``seq`` (the 0-based index of the step); a retried step whose ``seq``
 was already applied gets the cached response instead of advancing the episode twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -46,6 +49,7 @@ from env_service.errors import (
     BadRequest,
     CapacityExceeded,
     Conflict,
+    CreateInProgress,
     EpisodeBusy,
     EpisodeFailure,
     EpisodeLost,
@@ -76,9 +80,13 @@ MAX_INSTANCE_ID_LEN = 200
 #: Runs whose failure profiles are kept at once (beyond, the least recently pushed of a run without live
 #: episodes is dropped; when every run has live episodes a new run's push is refused).
 MAX_RUN_PROFILES = 64
-#: Evaluations of released episodes kept for retried ``evaluate`` calls (a lost response), and for how long.
-EVALUATION_CACHE_SIZE = 2048
+#: How long the evaluation of a released episode is kept for a retried ``evaluate`` (a lost response); how many are
+#: kept is ``ServiceLimits.evaluations_kept_per_client`` / ``evaluations_kept``.
 EVALUATION_CACHE_TTL_S = 600.0
+#: Longest a retried ``create`` waits for its original (the same ``request_id``, still running) before it is answered
+#: 503 ``create_in_progress``; the original waits at most for its worker (``workers.QUEUE_TIMEOUT_S``), and a client
+#: retries a 503, so a long original costs a few retries, never a second episode.
+CREATE_RETRY_WAIT_S = 60.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,9 +180,18 @@ class _Slot:
     closed: bool = False  # released or reclaimed; set under ``lock``
     close_pending: bool = False  # released while a request held ``lock``: that request closes it
     owner: str | None = None  # the run (or client address) that created it; no one else may use it
+    client: str | None = None  # the client address whose limits it counts against (whatever run id it names)
     request_key: tuple | None = None  # (owner, request_id) of the create that started it
     run_id: str | None = None  # whose failure profile it got
-    kept_bytes: int = 0  # what it keeps, as its last reply said (info["kept_bytes"]); counted in its owner's total
+    kept_bytes: int = 0  # what it keeps, as its last reply said (info["kept_bytes"]); counted in its client's total
+
+
+@dataclass
+class _PendingCreate:
+    """A create with a ``request_id`` that is still running; a retry with the same key waits for ``done``."""
+
+    fingerprint: str
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class EpisodeManager:
@@ -213,13 +230,15 @@ class EpisodeManager:
         self._lock = threading.Lock()
         self._slots: dict[str, _Slot] = {}
         self._requests: dict[tuple, _Slot] = {}  # (owner, request_id) -> the live episode that create started
-        # owner -> what its live episodes keep together (the sum of their slots' kept_bytes; max_owner_bytes)
-        self._owner_bytes: dict[str | None, int] = {}
+        self._creating: dict[tuple, _PendingCreate] = {}  # (owner, request_id) -> its create, still running
+        # client -> what its live episodes keep together (the sum of their slots' kept_bytes; max_owner_bytes)
+        self._client_bytes: dict[str | None, int] = {}
         # run id ("" for requests that name none) -> {"profile", "version", "updated_at"}, oldest push first
         self._profiles: OrderedDict[str, dict] = OrderedDict()
         self._profile_version = 0
-        # released instance id -> (reward fingerprint, evaluation, expiry), oldest first
-        self._evaluated: OrderedDict[str, tuple[str, dict, float]] = OrderedDict()
+        # client -> released instance id -> (reward fingerprint, evaluation, expiry), oldest first; how many in all
+        self._evaluated: dict[str | None, OrderedDict[str, tuple[str, dict, float]]] = {}
+        self._evaluations_kept = 0
         self._known_tasks: frozenset[str] | None = None
         self._counts = {
             "created": 0,
@@ -330,16 +349,19 @@ class EpisodeManager:
         owner: str | None = None,
         run_id: str | None = None,
         memory_snapshot: Any = None,
+        client: str | None = None,
     ) -> dict:
         """Start an episode; returns ``{"instance_id", "messages", "info"}``.
 
         The instance id is minted here, unguessable and never reused, so nothing kept for one episode (a cached
         evaluation) can answer for another. ``request_id``: the caller's key for this create, so that a retry
-        whose first response was lost gets the same episode back (while it is live and not stepped).
-        ``owner``: whom the episode counts against and who alone may use it (the service passes the run
-        id, else the client address). ``run_id``: whose failure profile a TRAIN episode gets (see ``set_profile``).
-        ``memory_snapshot``: the memory an OOD memory episode starts from (what the evaluation of the previous
-        prerequisite conversation of its scenario handed back).
+        whose first response was lost gets the same episode back (while it is live and not stepped), and a retry
+        that overlaps its original (still running) waits for it and gets its episode.
+        ``owner``: who alone may use the episode (the service passes the run id, else the client address).
+        ``client``: whose limits it counts against (the service passes the client address, whatever run id the
+        request names; default: ``owner``). ``run_id``: whose failure profile a TRAIN episode gets (see
+        ``set_profile``). ``memory_snapshot``: the memory an OOD memory episode starts from (what the evaluation of
+        the previous prerequisite conversation of its scenario handed back).
         """
         task_id, mode, params = self._check_create(task_id, mode, params)
         config = _config_from_params(params)
@@ -352,50 +374,49 @@ class EpisodeManager:
         fingerprint = _request_fingerprint(task_id, mode, params)
         if memory_snapshot is not None:  # a retried create must carry the same memory
             fingerprint += json.dumps(memory_snapshot, sort_keys=True)
-        request_key = None
-        if request_id is not None:
-            request_key = (owner, check_instance_id(request_id, what="request_id"))
-            replay = self._replayed_create(request_key, fingerprint)
+        request_key = None if request_id is None else (owner, check_instance_id(request_id, what="request_id"))
+        with self._claimed(request_key, fingerprint) as replay:
             if replay is not None:
                 return replay
-        instance_id = f"ep_{secrets.token_hex(16)}"
-        self._ensure_capacity(owner)
+            client = owner if client is None else client
+            instance_id = f"ep_{secrets.token_hex(16)}"
+            self._ensure_capacity(client)
 
-        task = self._load_task(task_id)
-        episode, messages, profile_version = self._start_episode(
-            task, mode, config, run_id, key=instance_id, memory_snapshot=memory_snapshot, owner=owner
-        )
-        info = {
-            "instance_id": instance_id,
-            "task_id": task_id,
-            "category": task.category,
-            "mode": mode,
-            "num_turns": task.num_turns,
-            "tools_count": len(task.functions),
-            "profile_version": profile_version,
-        }
-        extra = getattr(episode, "info", None)
-        if isinstance(extra, dict):
-            info = {**extra, **info}
-        initial = json_safe({"instance_id": instance_id, "messages": messages, "info": info})
-        now = self._clock()
-        slot = _Slot(instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner)
-        slot.request_key, slot.run_id, slot.kept_bytes = request_key, run_id, info["kept_bytes"]
-        self._register(slot)
-        return copy.deepcopy(initial)
+            task = self._load_task(task_id)
+            episode, messages, profile_version = self._start_episode(
+                task, mode, config, run_id, key=instance_id, memory_snapshot=memory_snapshot, owner=owner
+            )
+            info = {
+                "instance_id": instance_id,
+                "task_id": task_id,
+                "category": task.category,
+                "mode": mode,
+                "num_turns": task.num_turns,
+                "tools_count": len(task.functions),
+                "profile_version": profile_version,
+            }
+            extra = getattr(episode, "info", None)
+            if isinstance(extra, dict):
+                info = {**extra, **info}
+            initial = json_safe({"instance_id": instance_id, "messages": messages, "info": info})
+            now = self._clock()
+            slot = _Slot(
+                instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner, client=client
+            )
+            slot.request_key, slot.run_id, slot.kept_bytes = request_key, run_id, info["kept_bytes"]
+            self._register(slot)
+            return copy.deepcopy(initial)
 
     def _register(self, slot: _Slot) -> None:
-        """Insert a new slot; the capacity and id checks are repeated under the lock (races)."""
+        """Insert a new slot; the capacity check is repeated under the lock (races). (Its request key needs no check:
+        only the create that claimed it gets here.)"""
         with self._lock:
-            if slot.request_key is not None and slot.request_key in self._requests:
-                problem: ManagerError | None = Conflict(f"request_id {slot.request_key[1]!r} is already in use")
-            else:
-                problem = self._capacity_problem(slot.owner)
+            problem = self._capacity_problem(slot.client)
             if problem is None:
                 self._slots[slot.instance_id] = slot
                 if slot.request_key is not None:
                     self._requests[slot.request_key] = slot
-                self._add_owner_bytes(slot.owner, slot.kept_bytes)
+                self._add_client_bytes(slot.client, slot.kept_bytes)
                 self._counts["created"] += 1
         if problem is not None:
             self._close(slot)
@@ -463,11 +484,48 @@ class EpisodeManager:
         except (KeyError, ValueError) as error:
             raise UnknownTask(str(error).strip("'\"")) from None
 
-    def _replayed_create(self, request_key: tuple, fingerprint: str) -> dict | None:
-        with self._lock:
-            slot = self._requests.get(request_key)
-        if slot is None:
-            return None
+    @contextlib.contextmanager
+    def _claimed(self, request_key: tuple | None, fingerprint: str):
+        """Yields None when this create may start the episode of ``request_key`` (None: a create without one), else
+        the answer of the create that started it: its first response again (a retry whose answer was lost).
+
+        One create per key runs at a time. A retry that overlaps its original (still running) waits for it
+        (``CREATE_RETRY_WAIT_S`` at most, without the lock) and gets the original's episode, instead of starting a
+        second one under an id the client would never learn; when the original failed, the retry tries for itself.
+        """
+        if request_key is None:
+            yield None
+            return
+        deadline = time.monotonic() + CREATE_RETRY_WAIT_S
+        while True:
+            with self._lock:
+                slot = self._requests.get(request_key)
+                pending = self._creating.get(request_key) if slot is None else None
+                if slot is None and pending is None:
+                    pending = self._creating[request_key] = _PendingCreate(fingerprint)
+                    break
+            if slot is not None:
+                yield self._answer_again(slot, request_key, fingerprint)
+                return
+            if pending.fingerprint != fingerprint:
+                raise Conflict(
+                    f"request_id {request_key[1]!r} is starting an episode for a different request; choose a new "
+                    f"request id"
+                )
+            if not pending.done.wait(max(0.0, deadline - time.monotonic())):
+                raise CreateInProgress(
+                    f"the first create with request_id {request_key[1]!r} is still running after "
+                    f"{CREATE_RETRY_WAIT_S:.0f} s; retry with the same request_id to get its episode"
+                )
+        try:
+            yield None
+        finally:  # registered or failed: the retries waiting on it look again
+            with self._lock:
+                del self._creating[request_key]
+            pending.done.set()
+
+    def _answer_again(self, slot: _Slot, request_key: tuple, fingerprint: str) -> dict:
+        """The first response of the live episode ``request_key`` started, for a retry of the same request."""
         if slot.fingerprint == fingerprint and slot.steps == 0:
             slot.last_access = self._clock()
             return copy.deepcopy(slot.initial)
@@ -480,60 +538,60 @@ class EpisodeManager:
         """Take a slot out of the registry (call with ``_lock`` held)."""
         if self._slots.get(slot.instance_id) is slot:
             del self._slots[slot.instance_id]
-            self._add_owner_bytes(slot.owner, -slot.kept_bytes)
+            self._add_client_bytes(slot.client, -slot.kept_bytes)
         if slot.request_key is not None and self._requests.get(slot.request_key) is slot:
             del self._requests[slot.request_key]
 
-    def _owned(self, owner: str | None) -> int:
-        """Live episodes of ``owner`` (call with ``_lock`` held)."""
-        return sum(1 for slot in self._slots.values() if slot.owner == owner)
+    def _held_by(self, client: str | None) -> int:
+        """Live episodes of ``client``, all its run ids together (call with ``_lock`` held)."""
+        return sum(1 for slot in self._slots.values() if slot.client == client)
 
-    def _owner_full(self, owner: str | None) -> CapacityExceeded:
+    def _client_full(self, client: str | None) -> CapacityExceeded:
         return CapacityExceeded(
-            f"{self.limits.max_episodes_per_owner} live episodes of this client ({owner or 'anonymous'}) "
-            f"already, its limit; release finished episodes or retry later"
+            f"{self.limits.max_episodes_per_owner} live episodes of this client ({client or 'anonymous'}, all its "
+            f"run ids) already, its limit (max_episodes_per_owner); release finished episodes or retry later"
         )
 
-    def _add_owner_bytes(self, owner: str | None, change: int) -> None:
-        """Add ``change`` to what ``owner``'s live episodes keep (call with ``_lock`` held); an owner keeping
-        nothing leaves no entry, so owners that come and go do not pile up."""
-        total = self._owner_bytes.get(owner, 0) + change
+    def _add_client_bytes(self, client: str | None, change: int) -> None:
+        """Add ``change`` to what ``client``'s live episodes keep (call with ``_lock`` held); a client keeping
+        nothing leaves no entry, so clients that come and go do not pile up."""
+        total = self._client_bytes.get(client, 0) + change
         if total:
-            self._owner_bytes[owner] = total
+            self._client_bytes[client] = total
         else:
-            self._owner_bytes.pop(owner, None)
+            self._client_bytes.pop(client, None)
 
-    def _owner_over_memory(self, owner: str | None) -> OwnerMemoryExceeded | None:
-        """The refusal for ``owner`` when its live episodes keep more than ``max_owner_bytes`` (call with
+    def _client_over_memory(self, client: str | None) -> OwnerMemoryExceeded | None:
+        """The refusal for ``client`` when its live episodes keep more than ``max_owner_bytes`` (call with
         ``_lock`` held); None when they do not."""
-        kept, limit = self._owner_bytes.get(owner, 0), self.limits.max_owner_bytes
+        kept, limit = self._client_bytes.get(client, 0), self.limits.max_owner_bytes
         if kept <= limit:
             return None
         return OwnerMemoryExceeded(
-            f"the live episodes of this client ({owner or 'anonymous'}) keep {kept} bytes together, over its limit "
-            f"of {limit} bytes (max_owner_bytes); evaluate and release finished episodes before creating or "
-            f"stepping more"
+            f"the live episodes of this client ({client or 'anonymous'}, all its run ids) keep {kept} bytes together, "
+            f"over its limit of {limit} bytes (max_owner_bytes); evaluate and release finished episodes before "
+            f"creating or stepping more"
         )
 
-    def _capacity_problem(self, owner: str | None) -> ManagerError | None:
-        """Why a new episode of ``owner`` cannot start now, or None (call with ``_lock`` held)."""
+    def _capacity_problem(self, client: str | None) -> ManagerError | None:
+        """Why a new episode of ``client`` cannot start now, or None (call with ``_lock`` held)."""
         if len(self._slots) >= self.max_episodes:
             return CapacityExceeded(
                 f"{len(self._slots)} live episodes (limit {self.max_episodes}); release finished episodes or "
                 f"retry later"
             )
-        if self._owned(owner) >= self.limits.max_episodes_per_owner:
-            return self._owner_full(owner)
-        return self._owner_over_memory(owner)
+        if self._held_by(client) >= self.limits.max_episodes_per_owner:
+            return self._client_full(client)
+        return self._client_over_memory(client)
 
-    def _ensure_capacity(self, owner: str | None = None) -> None:
+    def _ensure_capacity(self, client: str | None = None) -> None:
         with self._lock:
-            problem = self._capacity_problem(owner)
+            problem = self._capacity_problem(client)
         if problem is None:
             return
         self.reclaim_idle()  # idle episodes may be what takes the room
         with self._lock:
-            problem = self._capacity_problem(owner)
+            problem = self._capacity_problem(client)
         if problem is not None:
             raise problem
 
@@ -559,7 +617,7 @@ class EpisodeManager:
                 raise Conflict(
                     f"episode {slot.instance_id!r} has terminated after {slot.steps} steps; evaluate and release it"
                 )
-            self._check_owner_memory(slot.owner)
+            self._check_client_memory(slot.client)
             result = self._guard("step", slot, self._step_episode, slot, content)
             self._note_kept(slot, result["info"]["kept_bytes"])
             slot.steps += 1
@@ -571,19 +629,19 @@ class EpisodeManager:
         self._count("steps")
         return copy.deepcopy(result)
 
-    def _check_owner_memory(self, owner: str | None) -> None:
-        """Refuse a step of an owner whose live episodes keep more than its budget, before it reaches the episode
+    def _check_client_memory(self, client: str | None) -> None:
+        """Refuse a step of a client whose live episodes keep more than its budget, before it reaches the episode
         (a step can only add to what they keep; evaluate and release, which free it, are never refused)."""
         with self._lock:
-            problem = self._owner_over_memory(owner)
+            problem = self._client_over_memory(client)
         if problem is not None:
             raise problem
 
     def _note_kept(self, slot: _Slot, kept_bytes: int) -> None:
-        """Record what the episode keeps after a step in its slot and its owner's total."""
+        """Record what the episode keeps after a step in its slot and its client's total."""
         with self._lock:
-            if self._slots.get(slot.instance_id) is slot:  # else released meanwhile: out of its owner's total already
-                self._add_owner_bytes(slot.owner, kept_bytes - slot.kept_bytes)
+            if self._slots.get(slot.instance_id) is slot:  # else released meanwhile: out of its client's total already
+                self._add_client_bytes(slot.client, kept_bytes - slot.kept_bytes)
             slot.kept_bytes = kept_bytes
 
     def _check_seq(self, slot: _Slot, seq: int | None, content: str) -> dict | None:
@@ -613,20 +671,29 @@ class EpisodeManager:
 
     # -- evaluate / release --------------------------------------------------------------------
 
-    def evaluate(self, instance_id: Any, reward: Any = None, release: bool = False, owner: str | None = None) -> dict:
+    def evaluate(
+        self,
+        instance_id: Any,
+        reward: Any = None,
+        release: bool = False,
+        owner: str | None = None,
+        client: str | None = None,
+    ) -> dict:
         """The episode's evaluation (verdict, reward, tags, ...); may be called more than once.
 
         ``release=True`` also releases the episode once evaluated: the usual end of an episode in one
-        round trip instead of two. Its evaluation is kept a while (``EVALUATION_CACHE_*``), so a retry
-        after a lost response gets the same answer instead of 404.
+        round trip instead of two. Its evaluation is kept a while (``EVALUATION_CACHE_TTL_S``) among its client's
+        (``client``, default ``owner``: see ``_remember_evaluation``), so a retry after a lost response gets the same
+        answer instead of 404.
         """
         reward_cfg = _reward_config(reward)
+        client = owner if client is None else client
         fingerprint = json.dumps([owner, reward], sort_keys=True, default=str)
         try:
             slot = self._slot(instance_id, owner)
             self._acquire(slot)
         except UnknownInstance:
-            cached = self._earlier_evaluation(instance_id, fingerprint)
+            cached = self._earlier_evaluation(client, instance_id, fingerprint)
             if cached is None:
                 raise
             return cached
@@ -637,23 +704,45 @@ class EpisodeManager:
             self._unlock(slot)
         self._count("evaluations")
         if release:
-            self._remember_evaluation(slot.instance_id, fingerprint, result)
+            self._remember_evaluation(client, slot.instance_id, fingerprint, result)
             self.release(instance_id, owner)
         return copy.deepcopy(result) if release else result
 
-    def _remember_evaluation(self, instance_id: str, fingerprint: str, result: dict) -> None:
+    def _remember_evaluation(self, client: str | None, instance_id: str, fingerprint: str, result: dict) -> None:
+        """Keep a released episode's evaluation for retries. Each client keeps its own (``evaluations_kept_per_client``,
+        its oldest go first); when all clients together keep ``evaluations_kept``, the oldest of the client keeping
+        the most goes. So a client that finishes thousands of episodes evicts its own verdicts, never an innocent's."""
         with self._lock:
-            self._evaluated[instance_id] = (fingerprint, result, self._clock() + EVALUATION_CACHE_TTL_S)
-            while len(self._evaluated) > EVALUATION_CACHE_SIZE:
-                self._evaluated.popitem(last=False)
+            self._forget_expired_evaluations()  # of clients that never come back too
+            kept = self._evaluated.setdefault(client, OrderedDict())
+            self._evaluations_kept += instance_id not in kept
+            kept[instance_id] = (fingerprint, result, self._clock() + EVALUATION_CACHE_TTL_S)
+            if len(kept) > self.limits.evaluations_kept_per_client:
+                self._forget_evaluation(client)
+            while self._evaluations_kept > self.limits.evaluations_kept:
+                # the largest holder; among equals the client adding now (it caused the overflow)
+                self._forget_evaluation(max(self._evaluated, key=lambda c: (len(self._evaluated[c]), c == client)))
 
-    def _earlier_evaluation(self, instance_id: str, fingerprint: str) -> dict | None:
-        """The evaluation a released episode answered with the same reward config, while it is kept."""
+    def _forget_evaluation(self, client: str | None) -> None:
+        """Drop ``client``'s oldest kept evaluation (call with ``_lock`` held)."""
+        kept = self._evaluated[client]
+        kept.popitem(last=False)
+        self._evaluations_kept -= 1
+        if not kept:
+            del self._evaluated[client]
+
+    def _forget_expired_evaluations(self) -> None:
+        """Drop every kept evaluation past its time (call with ``_lock`` held; each client's are in expiry order)."""
         now = self._clock()
+        for client in list(self._evaluated):
+            while client in self._evaluated and next(iter(self._evaluated[client].values()))[2] < now:
+                self._forget_evaluation(client)
+
+    def _earlier_evaluation(self, client: str | None, instance_id: str, fingerprint: str) -> dict | None:
+        """The evaluation a released episode of ``client`` answered with the same reward config, while it is kept."""
         with self._lock:
-            while self._evaluated and next(iter(self._evaluated.values()))[2] < now:
-                self._evaluated.popitem(last=False)  # expired (entries are in expiry order)
-            kept = self._evaluated.get(instance_id)
+            self._forget_expired_evaluations()
+            kept = self._evaluated.get(client, {}).get(instance_id)
         if kept is None or kept[0] != fingerprint:
             return None
         return copy.deepcopy(kept[1])
@@ -804,7 +893,7 @@ class EpisodeManager:
             slots = list(self._slots.values())
             self._slots.clear()
             self._requests.clear()
-            self._owner_bytes.clear()
+            self._client_bytes.clear()
             self._counts["released"] += len(slots)
         if self._pool is not None:  # stopping the workers frees everything; a hung one must not delay it
             for slot in slots:

@@ -15,10 +15,11 @@ Endpoints (routes built from :data:`env_service.endpoints.ENDPOINTS`; JSON bodie
 Status codes: 400 bad request, 404 unknown task / instance / route (an episode of another owner reads as
 unknown), 409 conflict (a request id reused for another request, stepping a finished episode, wrong ``seq``;
 ``episode_busy`` while another request on the episode runs), 413 body or content too large, 422 malformed JSON,
-wrong field types or invalid config, 429 too many requests in flight for one owner, too many run ids for one
-address, or an owner whose live episodes keep more than ``max_owner_bytes`` (``owner_memory_exceeded``), 503 too
-many live episodes or connections, or request bodies in flight over their budget (``too_many_bytes_in_flight``), 411 a
-body sent without Content-Length, 500 only for a bug on our side (short message; the traceback goes to the server
+wrong field types or invalid config, 429 too many requests in flight for one client, too many run ids for one
+address, or a client whose live episodes keep more than ``max_owner_bytes`` (``owner_memory_exceeded``), 503 too
+many live episodes or connections, request bodies in flight over their budget (``too_many_bytes_in_flight``) or a
+retried create whose original still runs, 411 a body sent without Content-Length, 500 only for a bug on our side
+(short message; the traceback goes to the server
 log, never into the response).
 
 Compared with the released environment's service: typed per-endpoint bodies instead of one generic envelope, no
@@ -235,12 +236,19 @@ class RunIdsPerPeer:
         return True
 
 
+def _client(request: Request) -> str:
+    """Whom the limits that protect other clients count a request against: its address (``peer_key``), whatever run
+    ids it names. Run ids only partition what one client does (whose episodes, whose failure profile): a client
+    naming 4 run ids must not hold 4 shares of the service."""
+    return f"addr:{_peer(request)}"
+
+
 def _owner(request: Request, run_id: str | None) -> str:
-    """Whom per-client limits count against and who may use an episode: the run, else the client's address.
+    """Who may use an episode: the run, else the client.
 
     Each source has its own prefix, so a run id spelled like an address (``addr:loopback``) is another owner.
     """
-    return f"run:{run_id}" if run_id is not None else f"addr:{_peer(request)}"
+    return f"run:{run_id}" if run_id is not None else _client(request)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,7 +298,7 @@ def create_app(
     app.state.manager = manager
     app.state.limiter = None
     app.state.http_limits = limits
-    app.state.in_flight = collections.Counter()  # owner -> requests in flight
+    app.state.in_flight = collections.Counter()  # client -> requests in flight
     app.state.run_ids = RunIdsPerPeer(limits.max_run_ids_per_peer, manager.idle_timeout_s)
     app.state.service_id = service_id
     app.add_middleware(BodyLimitMiddleware, limit=limits.max_body_bytes)
@@ -333,19 +341,23 @@ def _route(manager: EpisodeManager, endpoint: Endpoint):
         if run_id is not None and not request.app.state.run_ids.admit(_peer(request), run_id):
             manager.note_client_error()
             return _error(429, "too_many_run_ids", request.app.state.run_ids.refusal)
-        caller = Caller(run_id, _owner(request, run_id))
+        caller = Caller(run_id, _owner(request, run_id), _client(request))
         # Counted on the event loop (one thread): no lock needed.
         in_flight, limit = request.app.state.in_flight, request.app.state.http_limits.max_requests_per_owner
-        if in_flight[caller.owner] >= limit:
+        if in_flight[caller.client] >= limit:
             manager.note_client_error()
-            return _error(429, "too_many_requests", f"{limit} requests of this client are in flight already; wait")
-        in_flight[caller.owner] += 1
+            return _error(
+                429,
+                "too_many_requests",
+                f"{limit} requests of this client (all its run ids) are in flight already; wait",
+            )
+        in_flight[caller.client] += 1
         try:
             return await _run(request, endpoint, manager, {} if body is None else dict(body), caller)
         finally:
-            in_flight[caller.owner] -= 1
-            if not in_flight[caller.owner]:
-                del in_flight[caller.owner]
+            in_flight[caller.client] -= 1
+            if not in_flight[caller.client]:
+                del in_flight[caller.client]
 
     parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)]
     if endpoint.body is not None:  # FastAPI reads the body model from the signature

@@ -25,3 +25,15 @@ def tokenizer(tiny_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def other_client_address() -> str:
+    """A local address beyond loopback: connections to 127.0.0.1 from it are another client to the env service (all
+    of loopback is one client). Skips the test on a machine without one."""
+    from test_env_budgets import BENCHMARK  # the benchmark's lookup: its innocent and attackers need one too
+
+    address = BENCHMARK.another_client_address()
+    if address is None:
+        pytest.skip("no local address beyond loopback: a second client needs one")
+    return address

@@ -46,6 +46,8 @@ def test_benchmark_quick_runs(tmp_path):
         "web fetches of loopback addresses",
         "pipelined requests never read",
         "2 MiB bodies that never finish",
+        "4 run ids of one client fill the service",
+        "another client finishes 2,148 episodes",
         "its episode kills its worker",
         "a stopped (SIGSTOP) worker",
         "RSS ratio",

@@ -231,7 +231,7 @@ def _on_other_workers(client, service, task: str) -> tuple[str, str]:
     raise AssertionError("no episode landed on the second worker")
 
 
-def test_a_queue_on_one_episode_is_refused_at_once_and_spares_the_others(service, client):
+def test_a_queue_on_one_episode_is_refused_at_once_and_spares_the_others(service, client, other_client_address):
     hostile, innocent = _on_other_workers(client, service, FS_TASK)
     for message in aliasing_messages():  # after these, each find runs to its budget
         client.step(hostile, message)
@@ -244,7 +244,9 @@ def test_a_queue_on_one_episode_is_refused_at_once_and_spares_the_others(service
         return response.status_code, response.json().get("error", ""), time.monotonic() - started
 
     spares = [client.create(FS_TASK, "validate")["instance_id"] for _ in range(20)]  # ours: other episodes too
-    with EnvClient(service.url, retries=0, timeout_s=10, run_id="innocent") as neighbour:
+    with EnvClient(  # another client: all of loopback is the hostile one
+        service.url, retries=0, timeout_s=10, run_id="innocent", source_address=other_client_address
+    ) as neighbour:
         innocent_mine = neighbour.create(TASK, "validate")["instance_id"]
         with ThreadPoolExecutor(150) as pool:
             answers = pool.map(hostile_step, range(150))

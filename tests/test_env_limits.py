@@ -1,7 +1,7 @@
 """Per-episode and per-client limits against a real HTTP service (loopback, episodes in the service process).
 
 Steps per episode, calls per message and retained backend state each answer the model with a text saying
-which limit it hit; live episodes are capped per client (run id) and in total; idle episodes are reclaimed,
+which limit it hit; live episodes are capped per client (its address, whatever run ids it names) and in total; idle episodes are reclaimed,
 and requests the service refused never count as activity.
 """
 
@@ -79,8 +79,11 @@ def test_state_limit_refuses_further_tool_calls(client):
     assert evaluation["tags"][0] == "budget_exceeded" and evaluation["valid"] is False
 
 
-def test_live_episodes_are_capped_per_client_and_in_total(service):
-    clients = [EnvClient(service.url, retries=0, timeout_s=30, run_id=f"limits-owner-{k}") for k in range(3)]
+def test_live_episodes_are_capped_per_client_and_in_total(service, other_client_address):
+    clients = [
+        EnvClient(service.url, retries=0, timeout_s=30, run_id=f"limits-owner-{k}", source_address=source)
+        for k, source in enumerate([None, other_client_address, None])  # all of loopback is one client
+    ]
     try:
         first = [clients[0].create(FS_TASK, "validate")["instance_id"] for _ in range(LIMITS.max_episodes_per_owner)]
         with pytest.raises(EnvServiceError) as per_client:

@@ -1,9 +1,10 @@
-"""What all the live episodes of one owner keep together has a budget (``max_owner_bytes``).
+"""What all the live episodes of one client keep together has a budget (``max_owner_bytes``).
 
 Against a real service (loopback HTTP) with two worker processes and small budgets: an attacker that fills its
 episodes with big accepted calls (files written with 200 KB of text each) is refused (429 ``owner_memory_exceeded``)
-once its episodes keep more than its budget, before any of its requests reach a worker; another owner on the same
-workers creates, steps and passes a ground-truth replay meanwhile; releasing episodes frees the budget; the count
+once its episodes keep more than its budget, before any of its requests reach a worker; another client (from a local
+address beyond loopback: all of loopback is one client) on the same workers creates, steps and passes a ground-truth
+replay meanwhile; releasing episodes frees the budget; the count
 follows release, reclaim and a lost episode; and the memory of the service and its workers grows by a small multiple
 of the budget, not with the attack. Before, an owner's 1024 live episodes could keep tens of GiB.
 """
@@ -57,8 +58,12 @@ def service():
         yield server
 
 
-def _owner_bytes(service, run_id: str) -> int:
-    return service.manager._owner_bytes.get(f"run:{run_id}", 0)
+LOOPBACK_CLIENT = "addr:loopback"
+
+
+def _kept(service) -> int:
+    """What the live episodes of the loopback client keep, as the service counts it."""
+    return service.manager._client_bytes.get(LOOPBACK_CLIENT, 0)
 
 
 def _answer_or_refusal(request, *args) -> tuple[dict | None, EnvServiceError | None]:
@@ -102,10 +107,14 @@ def _passes_ground_truth(client: EnvClient) -> bool:
     return client.evaluate(instance_id, release=True)["valid"]
 
 
-def test_an_owner_over_its_budget_is_refused_and_its_memory_stays_bounded_while_others_go_on(service):
+def test_a_client_over_its_budget_is_refused_and_its_memory_stays_bounded_while_others_go_on(
+    service, other_client_address
+):
     with (
         EnvClient(service.url, retries=0, timeout_s=60, run_id="attacker") as attacker,
-        EnvClient(service.url, retries=0, timeout_s=60, run_id="innocent") as innocent,
+        EnvClient(
+            service.url, retries=0, timeout_s=60, run_id="innocent", source_address=other_client_address
+        ) as innocent,
     ):
         assert _passes_ground_truth(innocent) is True  # warms the workers up before the memory is measured
         before = _rss_bytes(service)
@@ -115,47 +124,47 @@ def test_an_owner_over_its_budget_is_refused_and_its_memory_stays_bounded_while_
         assert grown < RSS_GROWTH_LIMIT, f"the service and its workers grew by {grown / MIB:.1f} MiB"
         assert refusal is not None, f"never refused; {len(kept)} episodes keep {sum(kept.values())} bytes"
         total = sum(kept.values())
-        assert total > LIMITS.max_owner_bytes and _owner_bytes(service, "attacker") == total
+        assert total > LIMITS.max_owner_bytes and _kept(service) == total
         detail = refusal.message
         assert f"keep {total} bytes" in detail and f"limit of {LIMITS.max_owner_bytes}" in detail
         assert "release" in detail
         some = next(iter(kept))
         assert _answer_or_refusal(attacker.step, some, call("ls"))[1] is not None  # a step of any of its episodes
         assert _answer_or_refusal(attacker.create, FS_TASK, "validate")[1] is not None
-        assert _passes_ground_truth(innocent) is True  # another owner on the same workers: unaffected
+        assert _passes_ground_truth(innocent) is True  # another client on the same workers: unaffected
 
         assert attacker.evaluate(some)["valid"] is False  # evaluate and release always work: they free memory
         for instance_id in list(kept):
-            if _owner_bytes(service, "attacker") <= LIMITS.max_owner_bytes:
+            if _kept(service) <= LIMITS.max_owner_bytes:
                 break
             assert attacker.release(instance_id) is True
             del kept[instance_id]
-            assert _owner_bytes(service, "attacker") == sum(kept.values())
+            assert _kept(service) == sum(kept.values())
         fresh = attacker.create(FS_TASK, "validate")["instance_id"]  # room again
         assert attacker.step(fresh, call("ls"))["info"]["error_type"] is None
         for instance_id in [*kept, fresh]:
             attacker.release(instance_id)
-        assert _owner_bytes(service, "attacker") == 0
+        assert _kept(service) == 0
 
 
 def test_the_count_follows_release_reclaim_and_a_lost_episode(service):
     manager = service.manager
     with EnvClient(service.url, retries=0, timeout_s=60, run_id="counted") as client:
         kept, refusal = _fill(client, episodes=3)
-        assert refusal is None and _owner_bytes(service, "counted") == sum(kept.values())
+        assert refusal is None and _kept(service) == sum(kept.values())
         first, second, third = kept
         assert client.release(first) is True
-        assert _owner_bytes(service, "counted") == kept[second] + kept[third]
+        assert _kept(service) == kept[second] + kept[third]
 
         worker = next(w for w in manager._pool._workers if second in w.episodes)
         os.kill(worker.process.pid, signal.SIGKILL)
         with pytest.raises(EnvServiceError) as lost:
             client.evaluate(second)  # the request its worker died on: that episode is lost
         assert lost.value.error == "episode_lost"
-        assert _owner_bytes(service, "counted") == kept[third]
+        assert _kept(service) == kept[third]
 
         assert manager.reclaim_idle(now=manager._clock() + LIMITS.idle_timeout_s + 1) >= 1
-        assert _owner_bytes(service, "counted") == 0 and "run:counted" not in manager._owner_bytes
+        assert _kept(service) == 0 and LOOPBACK_CLIENT not in manager._client_bytes
         with pytest.raises(EnvServiceError) as gone:
             client.step(third, call("ls"))
         assert gone.value.error == "unknown_instance"
@@ -165,12 +174,12 @@ def test_in_process_episodes_are_counted_from_their_replies():
     manager = EpisodeManager(limits=LIMITS.replace(max_owner_bytes=1 * MIB))
     created = manager.create(FS_TASK, "validate", owner="run:big")
     instance_id, kept = created["instance_id"], created["info"]["kept_bytes"]
-    assert 0 < kept < 100_000 and manager._owner_bytes["run:big"] == kept  # its prompt
+    assert 0 < kept < 100_000 and manager._client_bytes["run:big"] == kept  # its prompt
     steps = 0
-    while manager._owner_bytes["run:big"] <= 1 * MIB:
+    while manager._client_bytes["run:big"] <= 1 * MIB:
         info = manager.step(instance_id, big_file(steps), owner="run:big")["info"]
         steps += 1
-        assert manager._owner_bytes["run:big"] == info["kept_bytes"] > kept
+        assert manager._client_bytes["run:big"] == info["kept_bytes"] > kept
         kept = info["kept_bytes"]
     assert steps < STEPS_PER_EPISODE  # records and state of each file count (~400 KB a message)
     with pytest.raises(OwnerMemoryExceeded):
@@ -180,10 +189,10 @@ def test_in_process_episodes_are_counted_from_their_replies():
     other = manager.create(FS_TASK, "validate", owner="run:other")["instance_id"]
     assert manager.step(other, call("ls"), owner="run:other")["info"]["error_type"] is None
     manager.evaluate(instance_id, release=True, owner="run:big")
-    assert "run:big" not in manager._owner_bytes
+    assert "run:big" not in manager._client_bytes
     manager.create(FS_TASK, "validate", owner="run:big")
     manager.close_all()
-    assert manager._owner_bytes == {}
+    assert manager._client_bytes == {}
 
 
 def test_a_ground_truth_episode_keeps_little():
