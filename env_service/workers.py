@@ -381,13 +381,16 @@ class WorkerPool:
     def _rebuild(self, worker: _Worker, handle: RemoteEpisode, held_since: float, blame: bool) -> bool:
         """Replay ``handle``'s episode onto ``worker`` (its gate held, since ``held_since``) from where its replay
         stands: its create, then its accepted messages, each reply checked against the one its client got (an episode
-        is a deterministic function of them). False when this hold has had a message budget's worth and the worker is
-        yielded to other requests before the rest, as the replayed messages were. An episode that diverges or runs
-        past its own replay budget is lost (``WorkerLost``, with the reason)."""
+        is a deterministic function of them). False when the next message would take this hold past a message budget's
+        worth (as it took the original): the worker is yielded to other requests before the rest, as it was between the
+        replayed messages. An episode that diverges or runs past its own replay budget is lost (``WorkerLost``)."""
+        replayed = False
         while handle._replay_next is not None:
-            if time.monotonic() - held_since >= self.limits.message_budget_s:
+            held = time.monotonic() - held_since
+            if replayed and held + handle._recorded_s(handle._replay_next) > self.limits.message_budget_s:
                 return False
             self._replay_one(worker, handle, blame)
+            replayed = True
         return True
 
     def _replay_one(self, worker: _Worker, handle: RemoteEpisode, blame: bool) -> None:
@@ -515,7 +518,7 @@ class WorkerPool:
                     worker.episodes.pop(key, None)
                 raise
         handle = RemoteEpisode(self, worker, generation, key, messages, info, owner)
-        handle._create_args, handle._cost_s = args, seconds
+        handle._create_args, handle._create_s, handle._cost_s = args, seconds, seconds
         with self._state:
             if key in worker.episodes:  # not lost while it was being created
                 worker.episodes[key] = handle
@@ -741,10 +744,11 @@ class RemoteEpisode:
         self.info = info
         self.terminated = False
         self._create_args: tuple = ()
-        self._history: list[tuple[str, str]] = []  # (message, fingerprint of its reply)
+        self._history: list[tuple[str, str, float]] = []  # (message, fingerprint of its reply, worker seconds)
         self._history_bytes = 0
         self.replayable = True
         self.lost_reason: str | None = None
+        self._create_s = 0.0  # worker seconds its create took
         self._cost_s = 0.0  # worker seconds its create and accepted messages took
         self._replay_next: int | None = None  # of a pending rebuild: 0 its create, k its k-th message; None: built
         self._replay_spent = 0.0  # worker seconds its pending rebuild has taken so far
@@ -752,6 +756,10 @@ class RemoteEpisode:
     def _mark_for_rebuild(self, generation: int) -> None:
         """Its worker was replaced: it lives in ``generation`` once replayed there (before its next request)."""
         self._generation, self._replay_next, self._replay_spent = generation, 0, 0.0
+
+    def _recorded_s(self, position: int) -> float:
+        """Worker seconds the original of replay exchange ``position`` took (0: the create, k: the k-th message)."""
+        return self._history[position - 1][2] if position else self._create_s
 
     def replay_budget_s(self) -> float:
         """What its replay on a replacement worker may take: a multiple of its own recorded cost, plus slack."""
@@ -775,7 +783,7 @@ class RemoteEpisode:
         if self._history_bytes > self._pool.limits.max_episode_bytes:
             self.replayable, self._history = False, []
         elif self.replayable:
-            self._history.append((content, _reply_fingerprint(result)))
+            self._history.append((content, _reply_fingerprint(result), seconds))
             self._cost_s += seconds
 
     def evaluate(self, reward_cfg=None) -> dict:
