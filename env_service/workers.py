@@ -646,8 +646,16 @@ class _Monitor:
             for entry in self._watched.values():
                 self._let_go(entry)
             self._watched.clear()
-        with contextlib.suppress(OSError):
+            if self._thread is None:  # never started: nothing will close them
+                self._close()
+                return
+        with contextlib.suppress(OSError):  # closed already: the thread saw the flag on a wake of its own
             self._wake_w.send(b"!")
+
+    def _close(self) -> None:
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _let_go(self, entry: list) -> None:
         """Unregister an entry's heartbeat socket and pidfd (call with ``_lock`` held)."""
@@ -690,7 +698,7 @@ class _Monitor:
                 self._drain(key.fileobj, key.data)
         with self._lock:
             if self._stopped:
-                self._selector.close()
+                self._close()
                 return True
             exited = [entry for entry in self._watched.values() if entry[1].poll() is not None]
             for entry in exited:
