@@ -433,26 +433,31 @@ class WorkerPool:
         and the caller tries again on the replacement."""
         deadline_s = budget_s + self.limits.worker_grace_s
         worker.busy_since, worker.busy_deadline_s = time.monotonic(), deadline_s
+        died: str | None = None  # why the connection failed, if it did
         try:
             worker.conn.send((op, key, args))
-            if not worker.conn.poll(deadline_s):
-                self._kill(worker, f"no answer to {op} within {deadline_s:g} s", offender=key)
-                raise WorkerLost(f"the episode's worker did not answer {op} within {deadline_s:g} s and was replaced")
-            ok, payload = worker.conn.recv()
+            answered = worker.conn.poll(deadline_s)
+            if answered:
+                ok, payload = worker.conn.recv()
         except (EOFError, OSError) as error:
-            why = f"connection lost during {op} ({type(error).__name__})"
-            if blame:
-                self._kill(worker, f"{why}, the second time for this request", offender=key)
-                raise WorkerLost(f"the episode's worker died during {op}, twice, and was replaced") from None
-            self._kill(worker, f"{why}; the request is tried again on the replacement")
-            raise _DiedUnderRequest from None
-        finally:
+            died = type(error).__name__
+        finally:  # measured before any replacement, which is no one's request
             now = time.monotonic()
             seconds = now - worker.busy_since
             self.usage.charge(owner, seconds)
             with self._state:  # _placement iterates the deque
                 worker.recent.append((now, seconds))
                 worker.busy_since = None
+        if died is not None:
+            why = f"connection lost during {op} ({died})"
+            if blame:
+                self._kill(worker, f"{why}, the second time for this request", offender=key)
+                raise WorkerLost(f"the episode's worker died during {op}, twice, and was replaced")
+            self._kill(worker, f"{why}; the request is tried again on the replacement")
+            raise _DiedUnderRequest
+        if not answered:
+            self._kill(worker, f"no answer to {op} within {deadline_s:g} s", offender=key)
+            raise WorkerLost(f"the episode's worker did not answer {op} within {deadline_s:g} s and was replaced")
         return ok, payload, seconds
 
     def _request(self, worker: _Worker, target, owner, budget_s: float, op: str, key: str, *args):
