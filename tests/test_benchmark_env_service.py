@@ -45,6 +45,8 @@ def test_benchmark_quick_runs(tmp_path):
         "slow bodies from loopback addresses",
         "web fetches of loopback addresses",
         "its episode kills its worker",
+        "workers killed from outside",
+        "slow episodes beside a killed worker",
         "a stopped (SIGSTOP) worker",
         "RSS ratio",
     ):

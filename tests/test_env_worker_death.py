@@ -49,6 +49,14 @@ def _replaced(worker, generation: int) -> bool:
     return worker.process.poll() is None
 
 
+def _sent(stopped_worker) -> None:
+    """Wait (bounded) until a request is on its way to ``stopped_worker`` (SIGSTOPped: it stays there)."""
+    deadline = time.monotonic() + 30
+    while stopped_worker.busy_since is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stopped_worker.busy_since is not None
+
+
 def _finished(client, task_id: str) -> str:
     """An episode of ``task_id`` played to its end with the ground truth."""
     instance_id = client.create(task_id, "validate")["instance_id"]
@@ -85,8 +93,7 @@ def test_a_worker_killed_under_a_request_is_replaced_and_the_request_served_on_t
         answers = []
         stepping = threading.Thread(target=lambda: answers.append(manager.step(instance_id, call("pwd"))))
         stepping.start()
-        while worker.busy_since is None:
-            time.sleep(0.001)
+        _sent(worker)
         os.kill(worker.process.pid, signal.SIGKILL)  # the OOM killer, say: not this request's doing
         stepping.join(60)
         assert answers and answers[0]["info"]["num_steps"] == 2  # before: 500 episode_lost
@@ -149,11 +156,10 @@ def test_one_owners_slow_episodes_do_not_use_up_another_owners_replay_and_only_t
             except Exception as error:  # noqa: BLE001 - the point: its episode is the one lost
                 outcome.append(error)
 
+        os.kill(worker.process.pid, signal.SIGSTOP)  # its next message holds the worker past its deadline
         stepping = threading.Thread(target=killing_step)
         stepping.start()
-        while worker.busy_since is None:
-            time.sleep(0.001)
-        os.kill(worker.process.pid, signal.SIGSTOP)  # its message holds the worker past its deadline
+        _sent(worker)
         stepping.join(60)
         assert outcome and "lost" in str(outcome[0]) and worker.restarts == 1
         for message in messages[1:]:  # before: lost, its replay run after the slow ones' past the shared budget
