@@ -18,8 +18,8 @@ turn with the calls plus one plain-text message per turn, evaluate, release):
    alias each other, 2**40 entries), on a service with a 1 s message budget and 2 workers; then the same
    innocent client (4 episodes live at a time, so some share the attacker's worker) while each attack class of
    :data:`ATTACKS` and :data:`WORKER_ATTACKS` runs (step p99, episodes lost, RSS growth, the attack's own figures:
-   ids answered that were not the attacker's, wrong verdicts, connections to refused fetch targets, worker kills,
-   slow-body connections the service closed);
+   ids answered that were not the attacker's, wrong verdicts, connections to refused fetch targets, worker kills
+   by an episode's message or from outside, slow-body connections the service closed);
    and a stopped (SIGSTOP) worker: seconds until /health says 503, the other worker's innocent episode meanwhile,
    and the scratch folders left after repeated worker kills;
 6. the service's RSS (main process + workers) after 500 and after 5,000 episodes (fresh service; psutil).
@@ -528,21 +528,9 @@ def _forged_fetches(client, stop) -> dict:
 
 def _kills_its_worker(client, stop) -> dict:
     """Budget-busting ``find``s on a service with no worker grace: the worker misses its deadline and is killed."""
-    from env_service.client import EnvServiceError
-
     killed = 0
     while not stop.is_set():
-        iid = client.create("multi_turn_base_0", "validate")["instance_id"]
-        try:
-            for message in aliasing_messages():
-                client.step(iid, message)
-            client.step(iid, _call("find", path="."))
-        except EnvServiceError as error:
-            if error.error != "episode_lost":
-                raise
-            killed += 1
-            continue
-        client.release(iid)
+        killed += _killed_by_its_message(client)
     return {"attacker episodes lost with their worker": killed}
 
 
@@ -668,6 +656,74 @@ def _finished_episodes_flood(client, stop) -> dict:
 
 #: An attack's figure: innocent verdicts it saw lost (counted as lost innocent episodes).
 INNOCENT_VERDICTS_LOST = "innocent verdicts lost"
+OUTSIDE_KILL_EVERY_S = 5.0  # room for the next spare to start between kills (a start takes ~2 s on an idle core)
+
+
+def _outside_kills(client, stop) -> dict:
+    """Worker processes SIGKILLed from outside the service (as the OOM killer or an operator would), one every
+    ``OUTSIDE_KILL_EVERY_S`` while every worker and a spare are up, taking turns: no episode's doing, so none may be
+    lost (issue "round 3", 3)."""
+    import signal
+
+    import requests
+
+    kills = 0
+    while not stop.wait(OUTSIDE_KILL_EVERY_S):
+        workers = requests.get(client.url + "/health", timeout=30).json()["workers"]
+        if workers["spare_pid"] is not None and all(row["alive"] for row in workers["per_worker"]):
+            os.kill(workers["per_worker"][kills % workers["workers"]]["pid"], signal.SIGKILL)
+            kills += 1
+    return {"workers killed from outside": kills}
+
+
+SLOW_EPISODES = 8
+SLOW_DOUBLINGS = 13  # a find over 2**13 aliased entries: a fraction of the message budget, every time
+
+
+def _slow_episodes_and_a_killer(client, stop) -> dict:
+    """``SLOW_EPISODES`` episodes stepped in turn with messages that are slow but within budget (their replays add up
+    to far more than ``replay_budget_s``), and every few rounds one episode whose message kills its worker: only
+    that episode is lost, and each other episode's replay has its own budget (issue "round 3", 5)."""
+    from env_service.client import EnvServiceError
+
+    slow, killed, lost = [], 0, 0
+    rounds = itertools.count()
+    while not stop.is_set():
+        slow = [iid for iid in slow if iid is not None]
+        while len(slow) < SLOW_EPISODES:
+            iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+            for message in aliasing_messages(SLOW_DOUBLINGS):
+                client.step(iid, message)
+            slow.append(iid)
+        for k, iid in enumerate(slow):
+            try:
+                if client.step(iid, _call("find", path="."))["terminated"]:
+                    client.release(iid)
+                    slow[k] = None
+            except EnvServiceError as error:
+                if error.error != "episode_lost":
+                    raise
+                lost, slow[k] = lost + 1, None
+        if next(rounds) % 3 == 0:
+            killed += _killed_by_its_message(client)
+    return {"worker kills by an episode's message": killed, "slow attacker episodes lost": lost}
+
+
+def _killed_by_its_message(client) -> int:
+    """One episode whose ``find`` over 2**40 aliased entries leaves its worker past the deadline (1 when killed)."""
+    from env_service.client import EnvServiceError
+
+    iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+    try:
+        for message in aliasing_messages():
+            client.step(iid, message)
+        client.step(iid, _call("find", path="."))
+    except EnvServiceError as error:
+        if error.error != "episode_lost":
+            raise
+        return 1
+    client.release(iid)
+    return 0
 
 
 PASSING_TASK = "multi_turn_base_2"
@@ -692,8 +748,12 @@ ATTACKS = {
     "4 run ids of one client fill the service": _run_ids_fill_the_service,
     "another client finishes 2,148 episodes": _finished_episodes_flood,
 }
-#: Attacks that need a service of their own (flags): a worker killed by its episode.
-WORKER_ATTACKS = {"its episode kills its worker": _kills_its_worker}
+#: Attacks that need a service of their own (flags): workers killed by an episode, or from outside.
+WORKER_ATTACKS = {
+    "its episode kills its worker": _kills_its_worker,
+    "workers killed from outside": _outside_kills,
+    "slow episodes beside a killed worker": _slow_episodes_and_a_killer,
+}
 
 
 def _innocent_replays(url: str, ids: list[str], min_s: float, resident: int = 4) -> tuple[list[float], int, list[str]]:
@@ -779,7 +839,6 @@ def innocent_under_attacks(task_ids: list[str], min_s: float, worker_kills: int,
     from env_service.ood_tasks import SERPAPI_KEY_ENV
 
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
-    flags += ("--reclaim-interval-s", "0.2")  # a worker killed between requests is replaced at once
     ids = [t for t in task_ids if t not in replay.EXPECTED_FAILURES]
     fake_key = {SERPAPI_KEY_ENV: "not-a-real-key"}  # the fetch needs no search; nothing leaves the machine
     attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)
@@ -812,7 +871,7 @@ def _placed_on(service: ServiceProcess, create) -> tuple[str, int]:
 
 
 def _replaced(service: ServiceProcess, worker: int, restarts: int) -> None:
-    """Wait (bounded) until ``worker`` was replaced after ``restarts`` restarts (the service polls for dead ones)."""
+    """Wait (bounded) until ``worker`` was replaced after ``restarts`` restarts (the service sees the exit at once)."""
     deadline = time.monotonic() + 120
     while service.workers()[worker]["restarts"] <= restarts and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -275,7 +275,8 @@ class ServiceLimits(_Block):
     message_budget_s: float = _opt(5.0, _float(0.001))
     evaluate_budget_s: float = _opt(10.0, _float(0.001))
     worker_grace_s: float = _opt(5.0, _float(0.0))
-    # Rebuilding the innocent episodes of a replaced worker (replaying their messages), all of them together.
+    # What one episode's replay on a replacement worker may take beyond twice its own recorded cost (the worker time
+    # its create and accepted messages took); each episode has its own, whatever the others on the worker cost.
     replay_budget_s: float = _opt(30.0, _float(0.0))
     call_memory_mib: int = _opt(256, _int(minimum=1))  # resident memory one call may add
     worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none

@@ -12,8 +12,9 @@ Concurrency model (the released environment keeps one Ray actor per episode; we 
   another one is refused at once (409 ``episode_busy``; a client retry racing its original request must not
   interleave two steps, and a waiting request would hold one of the service's shared threads);
 * with ``workers > 0`` the episodes themselves live in worker processes (``workers.py``): the slot holds
-  a handle, time budgets can interrupt backend calls there, and an episode whose worker had to be
-  replaced fails with :class:`EpisodeLost` while every other episode goes on.
+  a handle, time budgets can interrupt backend calls there, and an episode whose own request got its worker
+  killed fails with :class:`EpisodeLost` while every other episode (a finished one, with its verdict, too) is
+  rebuilt on the replacement and goes on.
 
 Errors are typed (``errors.py``: :class:`ManagerError` subclasses carrying an HTTP status and a short
 code); the service maps them to 4xx bodies ``{"error": code, "detail": message}``. Anything else that escapes an
@@ -785,9 +786,7 @@ class EpisodeManager:
 
     def reclaim_idle(self, now: float | None = None) -> int:
         """Release episodes idle for longer than ``idle_timeout_s``; returns how many. (The service runs
-        this every ``reclaim_interval_s``; it also replaces worker processes that died between requests.)"""
-        if self._pool is not None and self._pool.replace_dead():
-            log.warning("replaced dead env workers; their episodes are lost")
+        this every ``reclaim_interval_s``; a worker that dies is replaced the moment it exits: ``workers.py``.)"""
         now = self._clock() if now is None else now
         cutoff = now - self.idle_timeout_s
         with self._lock:

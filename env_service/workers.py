@@ -12,17 +12,25 @@ busy with budget-exhausting messages gets no new episodes while another one has 
 
 Inside a worker, calls run on the main thread, where the episode's time budgets interrupt them
 (:func:`~env_service.executor.time_limit`). The parent waits for each answer at most the request's budget
-plus ``worker_grace_s``; a worker that does not answer by then (work a timer cannot interrupt, a crash, the
-memory cap) is killed and replaced. Only the episode whose request it died on fails, with :class:`WorkerLost`:
-the other episodes it held are rebuilt on the replacement by replaying their messages (each reply checked
-against the one the client got; within ``replay_budget_s``), so a worker loss is invisible to them. Requests
-to one worker are serialised in the parent by a :class:`~env_service.fair_gate.FairGate`, so the pipe carries one
-request at a time, and a waiting request of the owner that used the workers least lately goes first: an owner that
-keeps many budget-busting messages queued delays its own requests, not another owner's.
+plus ``worker_grace_s``; a worker that does not answer by then (work a timer cannot interrupt, the memory cap) is
+killed and replaced, and the episode whose request it was serving is the one that fails, with :class:`WorkerLost`.
+A worker that dies of another cause (the OOM killer, an operator) is noticed the moment it exits (the monitor
+thread watches each process's pidfd) and replaced at once, blaming no one; one that dies under a request is
+replaced and the request tried once more on the replacement: only an episode whose own request its worker dies
+under twice is lost. Every other episode the dead worker held is rebuilt on the replacement, before its next
+request is served, by replaying its accepted messages (each reply checked against the one the client got). A
+replay is its own episode's work: it is charged to its owner, takes turns with other owners' requests like the
+messages it replays did, and has a budget of its own (twice the worker time its create and messages took, plus
+``replay_budget_s``), so one owner's slow episodes never use up another's. Workers run with one pinned hash seed
+(:data:`WORKER_HASH_SEED`): a backend that iterates a set of strings answers alike on every worker, so a replay on
+the replacement answers as the original did. Requests to one worker are serialised in the parent by a
+:class:`~env_service.fair_gate.FairGate`, so the pipe carries one request at a time, and a waiting request of the
+owner that used the workers least lately goes first: an owner that keeps many budget-busting messages queued delays
+its own requests, not another owner's.
 
 The replacement is a spare: one more process, started (and its imports and task table loaded) long before it is
-needed, that holds no episode until a kill hands it the dead worker's place; the next spare starts once the innocent
-episodes are rebuilt. Without it they waited for a cold start (seconds on a loaded machine) before their replay.
+needed, that holds no episode until a kill hands it the dead worker's place; the next spare starts right after. Without it
+the innocent episodes waited for a cold start (seconds on a loaded machine) before their replay.
 The spare is one idle process (about one worker's base memory, under the same ``worker_memory_mib`` cap, no CPU);
 ``/health`` names its pid, and it stops with the pool.
 """
@@ -35,7 +43,7 @@ import itertools
 import json
 import logging
 import os
-import select
+import selectors
 import shutil
 import signal
 import socket
@@ -70,6 +78,18 @@ BUSY_WINDOW_S = 5.0
 #: (stopped, or stuck in C code that holds the interpreter), whatever it is doing.
 HEARTBEAT_INTERVAL_S = 0.25
 HEARTBEAT_TIMEOUT_S = 2.0
+#: The monitor looks at every process at least this often, pidfd or not (where a pidfd is missing, this is how long
+#: a death between requests may go unnoticed).
+MONITOR_WAKE_S = 1.0
+#: The monitor waits out an error of its own loop, doubling up to this (never a busy loop).
+MONITOR_BACKOFF_MAX_S = 5.0
+#: The hash seed of every worker process: set iteration (bfcl backends iterate sets of strings) is the same in each,
+#: so an episode replays identically on any worker and a run's environment replies are reproducible. Which value does
+#: not matter; that it is one value does.
+WORKER_HASH_SEED = "0"
+#: An episode's replay on a replacement worker may take this many times the worker time its create and accepted
+#: messages took, plus ``replay_budget_s``.
+REPLAY_COST_FACTOR = 2.0
 _BEAT = struct.Struct("d")  # one beat: the worker's time.monotonic() (system-wide on Linux)
 
 
@@ -79,6 +99,10 @@ class WorkerLost(Exception):
 
 class _ReplacedBeforeSent(WorkerLost):
     """The worker was replaced while a request waited for it; the request was never sent."""
+
+
+class _DiedUnderRequest(Exception):
+    """The worker died under a request (not at its deadline) and was replaced; the request may be tried again."""
 
 
 class WorkerBusy(Exception):
@@ -191,7 +215,7 @@ class WorkerPool:
         self._workers = [_Worker(i, gate=FairGate(self.usage)) for i in range(n)]
         self._state = threading.Lock()  # guards episode sets and the started flag
         self._started = False
-        self._monitor = _HeartbeatMonitor()
+        self._monitor = _Monitor(self._on_exit)
         self.scratch = make_scratch_root()
         self._launches = itertools.count()  # names each process's scratch folder
         self._spare: _Worker | None = None  # launched, ready or nearly, holding no episode (see the module docstring)
@@ -244,7 +268,7 @@ class WorkerPool:
             log.warning("the spare env worker is unusable (%s); starting a replacement cold", error)
             self._retire(spare)
             return False
-        self._monitor.forget(spare.beats)
+        self._monitor.forget(spare)
         worker.process, worker.conn, worker.beats = spare.process, spare.conn, spare.beats
         worker.scratch, worker.last_beat = spare.scratch, time.monotonic()
         self._monitor.watch(worker)
@@ -260,6 +284,7 @@ class WorkerPool:
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
             SCRATCH_ENV: scratch,
+            "PYTHONHASHSEED": WORKER_HASH_SEED,  # read when the interpreter starts: it must be in the child's environment
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "env_service.workers", str(theirs.fileno()), str(beats_theirs.fileno())],
@@ -277,8 +302,8 @@ class WorkerPool:
 
     def _retire(self, worker: _Worker) -> None:
         """Kill ``worker``'s process if it still runs and let go of it: its sockets, heartbeat and scratch folder."""
+        self._monitor.forget(worker)  # first: this exit is ours, not one to replace
         if worker.beats is not None:
-            self._monitor.forget(worker.beats)
             worker.beats.close()
             worker.beats = None
         if worker.process is not None and worker.process.poll() is None:
@@ -304,103 +329,170 @@ class WorkerPool:
             ) from None
 
     def _kill(self, worker: _Worker, why: str, offender: str | None = None) -> None:
-        """Kill and replace ``worker`` (its gate held). The episodes it held but ``offender`` (the one whose request
-        it died on) are rebuilt on the replacement by replaying their messages (see ``_replay``)."""
+        """Kill and replace ``worker`` (its gate held). The episode ``offender`` (the one whose request it died on,
+        if it is to blame) is lost; every other one it held is marked to be rebuilt on the replacement before its
+        next request (``_rebuild``), but one whose messages were not kept (over ``max_episode_bytes``)."""
         log.error(
-            "env worker %d (pid %s): %s; killing it and starting a replacement (%d episodes on it)",
+            "env worker %d (pid %s): %s; replacing it (%d episodes on it)",
             worker.index,
             worker.process.pid,
             why,
             len(worker.episodes),
         )
         self._retire(worker)
-        with self._state:
-            innocents = [h for k, h in worker.episodes.items() if k != offender and h is not None and h.replayable]
-            worker.episodes.clear()
         worker.generation += 1
-        worker.restarts += 1
+        with self._state:
+            for key, handle in list(worker.episodes.items()):
+                if handle is not None and key != offender and handle.replayable:
+                    handle._mark_for_rebuild(worker.generation)
+                    continue
+                del worker.episodes[key]  # a create in flight is retried by its caller
+                if handle is not None and key != offender:
+                    handle.lost_reason = "its worker was replaced and its messages were over max_episode_bytes"
         if not self._take_spare(worker):
             self._spawn(worker)
-        deadline = time.monotonic() + self.limits.replay_budget_s
-        for handle in innocents:
-            self._replay(worker, handle, deadline)
-        self._launch_spare()  # after the replays, whose steps its start-up would slow
+        worker.restarts += 1  # once the replacement is in place
+        self._launch_spare()
 
-    def _replay(self, worker: _Worker, handle: RemoteEpisode, deadline: float) -> None:
-        """Rebuild an innocent episode on the fresh ``worker`` (its gate held): create it again and step its accepted
-        messages; an episode is a deterministic function of them, and each reply must match the one its client got.
-        An episode that diverges or cannot finish within the replay budget stays lost (``WorkerLost`` on its next
-        request, with the reason)."""
-        try:
-            self._exchange(worker, deadline, "create", handle._key, *handle._create_args)
-            for content, reply in handle._history:
-                if _reply_fingerprint(self._exchange(worker, deadline, "step", handle._key, content)) != reply:
-                    raise _ReplayFailed("its replay answered differently from the original")
-        except _ReplayFailed as failure:
-            handle.lost_reason = f"its worker was replaced and {failure}"
-            with contextlib.suppress(_ReplayFailed):
-                self._exchange(worker, deadline + SHORT_REQUEST_S, "close", handle._key)
-            log.warning("episode %s not rebuilt: %s", handle._key, handle.lost_reason)
+    def _replace_if_exited(self, worker: _Worker) -> None:
+        """Replace ``worker`` (its gate held) if its process exited since its last request: no one is to blame."""
+        if worker.process is not None and worker.process.poll() is not None:
+            self._kill(worker, f"exited with code {worker.process.returncode} between requests")
+
+    def _on_exit(self, worker: _Worker) -> None:
+        """The monitor saw ``worker``'s process exit: replace it now (in a thread: the gate may be held a while),
+        rather than when a request next finds it dead."""
+        if worker.gate is None:  # the spare, which holds nothing: a kill that finds it dead starts one cold
+            log.warning("the spare env worker (pid %s) exited; the next replacement starts cold", worker.process.pid)
             return
-        with self._state:
-            worker.episodes[handle._key] = handle
-        handle._generation = worker.generation
-        log.info("episode %s rebuilt on the replacement worker (%d messages)", handle._key, len(handle._history))
+        threading.Thread(target=self._replace_exited, args=(worker,), name="env-worker-replace", daemon=True).start()
 
-    def _exchange(self, worker: _Worker, deadline: float, op: str, key: str, *args):
-        """One request to ``worker`` during a replay (its gate held), answered before ``deadline``."""
-        remaining = deadline - time.monotonic()
+    def _replace_exited(self, worker: _Worker) -> None:
+        if not worker.gate.acquire(None, timeout=QUEUE_TIMEOUT_S):
+            return  # busy all along: the request that holds it finds the worker dead and replaces it
         try:
-            if remaining <= 0:
-                raise _ReplayFailed(f"its replay ran past the budget of {self.limits.replay_budget_s:g} s")
-            worker.conn.send((op, key, args))
-            if not worker.conn.poll(remaining):
-                raise _ReplayFailed(f"its replay ran past the budget of {self.limits.replay_budget_s:g} s")
-            ok, payload = worker.conn.recv()
-        except (EOFError, OSError) as error:
-            raise _ReplayFailed(f"its replay lost the new worker ({type(error).__name__})") from None
+            if self._started:
+                self._replace_if_exited(worker)
+        except Exception:  # noqa: BLE001 - a daemon thread: the next request tries again
+            log.exception("replacing env worker %d failed", worker.index)
+        finally:
+            worker.gate.release()
+
+    def _rebuild(self, worker: _Worker, handle: RemoteEpisode, held_since: float, blame: bool) -> bool:
+        """Replay ``handle``'s episode onto ``worker`` (its gate held, since ``held_since``) from where its replay
+        stands: its create, then its accepted messages, each reply checked against the one its client got (an episode
+        is a deterministic function of them). False when the next message would take this hold past a message budget's
+        worth (as it took the original): the worker is yielded to other requests before the rest, as it was between the
+        replayed messages. An episode that diverges or runs past its own replay budget is lost (``WorkerLost``)."""
+        replayed = False
+        while handle._replay_next is not None:
+            held = time.monotonic() - held_since
+            if replayed and held + handle._recorded_s(handle._replay_next) > self.limits.message_budget_s:
+                return False
+            self._replay_one(worker, handle, blame)
+            replayed = True
+        return True
+
+    def _replay_one(self, worker: _Worker, handle: RemoteEpisode, blame: bool) -> None:
+        position = handle._replay_next
+        budget = handle.replay_budget_s()
+        if handle._replay_spent > budget:
+            self._lose(worker, handle, f"its replay ran past its budget of {budget:.3g} s")
+        if position == 0:
+            op, budget_s, args = "create", SHORT_REQUEST_S, handle._create_args
+        else:
+            op, budget_s, args = "step", self.limits.message_budget_s, (handle._history[position - 1][0],)
+        ok, payload, seconds = self._exchange(worker, handle._owner, budget_s, op, handle._key, args, blame)
+        handle._replay_spent += seconds
         if not ok:
-            raise _ReplayFailed(f"its replay failed ({payload[0]})")
-        return payload
+            self._lose(worker, handle, f"its replay failed ({payload[0]})")
+        if position and _reply_fingerprint(payload) != handle._history[position - 1][1]:
+            self._lose(worker, handle, "its replay answered differently from the original")
+        handle._replay_next = position + 1 if position < len(handle._history) else None
+        if handle._replay_next is None:
+            log.info("episode %s rebuilt on a replacement worker (%d messages)", handle._key, len(handle._history))
+
+    def _lose(self, worker: _Worker, handle: RemoteEpisode, problem: str) -> None:
+        """Give up rebuilding ``handle``'s episode (its gate held): free what its replay made, and raise."""
+        handle.lost_reason = f"its worker was replaced and {problem}"
+        created, handle._replay_next, handle._generation = handle._replay_next != 0, None, -1
+        self.forget(worker, handle._key)
+        if created:
+            with contextlib.suppress(WorkerLost, _DiedUnderRequest):
+                self._exchange(worker, handle._owner, SHORT_REQUEST_S, "close", handle._key, (), True)
+        log.warning("episode %s not rebuilt: %s", handle._key, handle.lost_reason)
+        raise WorkerLost(handle.lost_reason)
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _request(self, worker: _Worker, generation, owner, budget_s: float, op: str, key: str, *args):
-        """``generation``: the worker generation the episode lives in, or its handle (read once the gate is held:
-        a replay while this request waited moves the episode to the new generation). ``owner``: whose request it is;
-        the worker's time it takes (a replay after a kill included) is charged to that owner's usage."""
-        if not worker.gate.acquire(owner, timeout=QUEUE_TIMEOUT_S):
-            raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
+    def _exchange(self, worker: _Worker, owner, budget_s: float, op: str, key: str, args: tuple, blame: bool):
+        """Send one request to ``worker`` (its gate held) and wait for its answer, at most ``budget_s`` plus the
+        grace: ``(ok, payload, worker seconds)``, the seconds charged to ``owner``. A worker past that deadline is
+        killed and the request's episode lost (``WorkerLost``). One that dies under the request is replaced too, and
+        the episode lost only when ``blame`` (it died under this request once already); else ``_DiedUnderRequest``,
+        and the caller tries again on the replacement."""
+        deadline_s = budget_s + self.limits.worker_grace_s
+        worker.busy_since, worker.busy_deadline_s = time.monotonic(), deadline_s
+        died: str | None = None  # why the connection failed, if it did
         try:
-            handle = generation if isinstance(generation, RemoteEpisode) else None
-            if handle is not None:
-                generation = handle._generation
-            if worker.generation != generation:
-                reason = (handle.lost_reason if handle is not None else None) or "the worker holding it was replaced"
-                raise _ReplacedBeforeSent(reason)
-            deadline_s = budget_s + self.limits.worker_grace_s
-            worker.busy_since, worker.busy_deadline_s = time.monotonic(), deadline_s
-            try:
-                worker.conn.send((op, key, args))
-                if not worker.conn.poll(deadline_s):
-                    self._kill(worker, f"no answer to {op} within {deadline_s:g} s", offender=key)
-                    raise WorkerLost(
-                        f"the episode's worker did not answer {op} within {deadline_s:g} s and was replaced"
-                    )
+            worker.conn.send((op, key, args))
+            answered = worker.conn.poll(deadline_s)
+            if answered:
                 ok, payload = worker.conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as error:
-                self._kill(worker, f"connection lost during {op} ({type(error).__name__})", offender=key)
-                raise WorkerLost(f"the episode's worker died during {op} and was replaced") from None
+        except (EOFError, OSError) as error:
+            died = type(error).__name__
+        finally:  # measured before any replacement, which is no one's request
+            now = time.monotonic()
+            seconds = now - worker.busy_since
+            self.usage.charge(owner, seconds)
+            with self._state:  # _placement iterates the deque
+                worker.recent.append((now, seconds))
+                worker.busy_since = None
+        if died is not None:
+            why = f"connection lost during {op} ({died})"
+            if blame:
+                self._kill(worker, f"{why}, the second time for this request", offender=key)
+                raise WorkerLost(f"the episode's worker died during {op}, twice, and was replaced")
+            self._kill(worker, f"{why}; the request is tried again on the replacement")
+            raise _DiedUnderRequest
+        if not answered:
+            self._kill(worker, f"no answer to {op} within {deadline_s:g} s", offender=key)
+            raise WorkerLost(f"the episode's worker did not answer {op} within {deadline_s:g} s and was replaced")
+        return ok, payload, seconds
+
+    def _request(self, worker: _Worker, target, owner, budget_s: float, op: str, key: str, *args):
+        """One request for the episode ``key``: ``(its answer, the worker seconds it took)``, charged to ``owner``.
+
+        ``target``: the worker generation the episode lives in (a create), or its handle (read once the gate is held:
+        a kill while this request waited marks the episode for rebuild, and the rebuild comes first). A worker found
+        dead is replaced before anything is sent; a worker that dies under the request is replaced and the request
+        tried once more (see ``_exchange``)."""
+        handle = target if isinstance(target, RemoteEpisode) else None
+        retried = False
+        while True:
+            if not worker.gate.acquire(owner, timeout=QUEUE_TIMEOUT_S):
+                raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
+            try:
+                held_since = time.monotonic()
+                self._replace_if_exited(worker)
+                if worker.generation != (handle._generation if handle is not None else target):
+                    reason = (
+                        handle.lost_reason if handle is not None else None
+                    ) or "the worker holding it was replaced"
+                    raise _ReplacedBeforeSent(reason)
+                if handle is not None and handle._replay_next is not None:
+                    if op == "close" and handle._replay_next == 0:
+                        return None, 0.0  # not rebuilt yet: nothing of it on the worker
+                    if op != "close" and not self._rebuild(worker, handle, held_since, retried):
+                        continue  # the rest of a long replay waits its turn at the gate
+                ok, payload, seconds = self._exchange(worker, owner, budget_s, op, key, args, retried)
+                break
+            except _DiedUnderRequest:
+                retried = True
             finally:
-                now = time.monotonic()
-                self.usage.charge(owner, now - worker.busy_since)
-                with self._state:  # _placement iterates the deque
-                    worker.recent.append((now, now - worker.busy_since))
-                    worker.busy_since = None
-        finally:
-            worker.gate.release()
+                worker.gate.release()
         if ok:
-            return payload
+            return payload, seconds
         kind, message = payload
         if kind == "ValueError":
             raise ValueError(message)
@@ -417,7 +509,9 @@ class WorkerPool:
                 generation = worker.generation
             try:
                 args = (task_id, mode, config, profile, memory_snapshot)
-                messages, info = self._request(worker, generation, owner, SHORT_REQUEST_S, "create", key, *args)
+                (messages, info), seconds = self._request(
+                    worker, generation, owner, SHORT_REQUEST_S, "create", key, *args
+                )
                 break
             except _ReplacedBeforeSent:
                 with self._state:
@@ -429,26 +523,11 @@ class WorkerPool:
                     worker.episodes.pop(key, None)
                 raise
         handle = RemoteEpisode(self, worker, generation, key, messages, info, owner)
-        handle._create_args = args
+        handle._create_args, handle._create_s, handle._cost_s = args, seconds, seconds
         with self._state:
             if key in worker.episodes:  # not lost while it was being created
                 worker.episodes[key] = handle
         return handle
-
-    def replace_dead(self) -> int:
-        """Replace workers that died between requests (their episodes are lost); returns how many."""
-        replaced = 0
-        for worker in self._workers:
-            if worker.process is None or worker.process.poll() is None:
-                continue
-            if worker.gate.try_acquire():  # a busy one is handled by its request
-                try:
-                    if worker.process.poll() is not None:
-                        self._kill(worker, f"exited with code {worker.process.returncode}")
-                        replaced += 1
-                finally:
-                    worker.gate.release()
-        return replaced
 
     def _busy_share(self, worker: _Worker, now: float) -> float:
         """Share of the last ``BUSY_WINDOW_S`` the worker spent on requests (call with ``_state`` held)."""
@@ -508,6 +587,7 @@ class WorkerPool:
             started, self._started = self._started, False
         if not started:
             return
+        self._monitor.stop()  # first: the workers exit below, and none is to be replaced
         with self._spare_lock:  # _launch_spare starts none from now on
             spare, self._spare = self._spare, None
         if spare is not None:
@@ -522,67 +602,137 @@ class WorkerPool:
                     worker.process.kill()
                     worker.process.wait()
             worker.episodes.clear()
-        self._monitor.stop()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-class _HeartbeatMonitor:
-    """One daemon thread that reads every worker's heartbeats and records the latest (``_Worker.last_beat``)."""
+class _Monitor:
+    """One daemon thread that watches every worker process: it records each one's heartbeats (``_Worker.last_beat``)
+    and calls ``on_exit(worker)`` the moment one exits (its pidfd turns readable; every ``MONITOR_WAKE_S`` anyway).
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._workers: dict[int, _Worker] = {}  # heartbeat socket fd -> worker
+    ``selectors`` (epoll on Linux), not ``select.select``, which refuses descriptors from 1024 up, numbers a service
+    holding many connections reaches. An error in the loop is logged and waited out, never retried at once.
+    """
+
+    def __init__(self, on_exit):
+        self._on_exit = on_exit
+        self._lock = threading.Lock()  # guards _watched and the selector's registrations
+        self._selector = selectors.DefaultSelector()
+        self._watched: dict[int, list] = {}  # id(worker) -> [worker, process, beats socket, pidfd or None]
         self._wake_r, self._wake_w = socket.socketpair()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._stopped = False
         self._thread: threading.Thread | None = None
 
     def watch(self, worker: _Worker) -> None:
+        pidfd = _open_pidfd(worker.process.pid)
         with self._lock:
-            self._workers[worker.beats.fileno()] = worker
+            if self._stopped:
+                if pidfd is not None:
+                    os.close(pidfd)
+                return
+            self._watched[id(worker)] = [worker, worker.process, worker.beats, pidfd]
+            self._selector.register(worker.beats, selectors.EVENT_READ, worker)
+            if pidfd is not None:
+                self._selector.register(pidfd, selectors.EVENT_READ, worker)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="env-heartbeats", daemon=True)
                 self._thread.start()
-        self._wake_w.send(b".")
 
-    def forget(self, beats: socket.socket) -> None:
+    def forget(self, worker: _Worker) -> None:
+        """Stop watching ``worker``'s process (before the pool kills it, or hands it to another ``_Worker``)."""
         with self._lock:
-            self._workers.pop(beats.fileno(), None)
+            entry = self._watched.pop(id(worker), None)
+            if entry is not None:
+                self._let_go(entry)
 
     def stop(self) -> None:
         with self._lock:
-            self._workers.clear()
-        with contextlib.suppress(OSError):
+            self._stopped = True
+            for entry in self._watched.values():
+                self._let_go(entry)
+            self._watched.clear()
+            if self._thread is None:  # never started: nothing will close them
+                self._close()
+                return
+        with contextlib.suppress(OSError):  # closed already: the thread saw the flag on a wake of its own
             self._wake_w.send(b"!")
 
+    def _close(self) -> None:
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _let_go(self, entry: list) -> None:
+        """Unregister an entry's heartbeat socket and pidfd (call with ``_lock`` held)."""
+        self._unregister(entry[2])
+        self._close_pidfd(entry)
+
+    def _unregister(self, fileobj) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fileobj)
+
+    def _close_pidfd(self, entry: list) -> None:
+        if entry[3] is not None:
+            self._unregister(entry[3])
+            os.close(entry[3])
+            entry[3] = None
+
     def _run(self) -> None:
+        failures = 0
         while True:
-            with self._lock:
-                watched = dict(self._workers)
             try:
-                readable, _, _ = select.select([self._wake_r, *(w.beats for w in watched.values())], [], [], 1.0)
-            except (OSError, ValueError):  # a replaced worker's socket closed under us: look again
-                continue
-            for sock in readable:
-                if sock is self._wake_r:
-                    if b"!" in sock.recv(64):
-                        return
-                    continue
-                self._drain(sock, watched.get(sock.fileno()))
+                if self._look():
+                    return
+                failures = 0
+            except Exception:  # noqa: BLE001 - the monitor must outlive any error, and must not spin on one
+                failures += 1
+                log.exception("the env worker monitor failed (%d in a row); waiting before it looks again", failures)
+                time.sleep(min(MONITOR_BACKOFF_MAX_S, 0.05 * 2**failures))
+
+    def _look(self) -> bool:
+        """One wait for heartbeats and exits; True once stopped."""
+        for key, _ in self._selector.select(MONITOR_WAKE_S):
+            if key.fileobj is self._wake_r:
+                self._wake_r.recv(64)
+            elif isinstance(key.fileobj, int):  # a pidfd: its process exited (it stays readable: let go of it)
+                with self._lock:
+                    entry = self._watched.get(id(key.data))
+                    if entry is not None and entry[3] == key.fileobj:
+                        self._close_pidfd(entry)
+            else:
+                self._drain(key.fileobj, key.data)
+        with self._lock:
+            if self._stopped:
+                self._close()
+                return True
+            exited = [entry for entry in self._watched.values() if entry[1].poll() is not None]
+            for entry in exited:
+                del self._watched[id(entry[0])]
+                self._let_go(entry)
+        for entry in exited:
+            self._on_exit(entry[0])
+        return False
 
     @staticmethod
-    def _drain(sock: socket.socket, worker: _Worker | None) -> None:
+    def _drain(sock: socket.socket, worker: _Worker) -> None:
         try:
             while True:
                 beat = sock.recv(_BEAT.size, socket.MSG_DONTWAIT)
                 if not beat:
                     return
-                if worker is not None and len(beat) == _BEAT.size:
+                if len(beat) == _BEAT.size:
                     worker.last_beat = max(worker.last_beat, _BEAT.unpack(beat)[0])
-        except (BlockingIOError, OSError):
+        except OSError:  # drained (BlockingIOError), or closed under us by a replacement
             return
 
 
-class _ReplayFailed(Exception):
-    """Why an innocent episode could not be rebuilt on a replacement worker."""
+def _open_pidfd(pid: int) -> int | None:
+    """A descriptor that turns readable when process ``pid`` exits (Linux 5.3+), or None (then the monitor's look
+    every ``MONITOR_WAKE_S`` notices the exit)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _reply_fingerprint(result) -> str:
@@ -597,7 +747,7 @@ class RemoteEpisode:
     It keeps what a replay needs (the create arguments, each accepted message with a fingerprint of its reply)
     while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost. Each
     reply's ``info["kept_bytes"]`` (what the episode keeps in its worker) gets the messages counted here added, so
-    that it says what the episode costs both processes.
+    that it says what the episode costs both processes. Its replay's budget is its own: ``replay_budget_s()``.
     """
 
     def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info, owner=None):
@@ -607,41 +757,56 @@ class RemoteEpisode:
         self.info = info
         self.terminated = False
         self._create_args: tuple = ()
-        self._history: list[tuple[str, str]] = []  # (message, fingerprint of its reply)
+        self._history: list[tuple[str, str, float]] = []  # (message, fingerprint of its reply, worker seconds)
         self._history_bytes = 0
         self.replayable = True
         self.lost_reason: str | None = None
+        self._create_s = 0.0  # worker seconds its create took
+        self._cost_s = 0.0  # worker seconds its create and accepted messages took
+        self._replay_next: int | None = None  # of a pending rebuild: 0 its create, k its k-th message; None: built
+        self._replay_spent = 0.0  # worker seconds its pending rebuild has taken so far
+
+    def _mark_for_rebuild(self, generation: int) -> None:
+        """Its worker was replaced: it lives in ``generation`` once replayed there (before its next request)."""
+        self._generation, self._replay_next, self._replay_spent = generation, 0, 0.0
+
+    def _recorded_s(self, position: int) -> float:
+        """Worker seconds the original of replay exchange ``position`` took (0: the create, k: the k-th message)."""
+        return self._history[position - 1][2] if position else self._create_s
+
+    def replay_budget_s(self) -> float:
+        """What its replay on a replacement worker may take: a multiple of its own recorded cost, plus slack."""
+        return REPLAY_COST_FACTOR * self._cost_s + self._pool.limits.replay_budget_s
 
     def initial_messages(self) -> list[dict]:
         return self._messages
 
     def step(self, assistant_text: str):
         budget = self._pool.limits.message_budget_s
-        result = self._pool._request(self._worker, self, self._owner, budget, "step", self._key, assistant_text)
+        result, seconds = self._pool._request(
+            self._worker, self, self._owner, budget, "step", self._key, assistant_text
+        )
         self.terminated = result.terminated
-        self._remember(assistant_text, result)
+        self._remember(assistant_text, result, seconds)
         result.info["kept_bytes"] += self._history_bytes
         return result
 
-    def _remember(self, content: str, result) -> None:
+    def _remember(self, content: str, result, seconds: float) -> None:
         self._history_bytes += len(content) + 64
         if self._history_bytes > self._pool.limits.max_episode_bytes:
             self.replayable, self._history = False, []
         elif self.replayable:
-            self._history.append((content, _reply_fingerprint(result)))
+            self._history.append((content, _reply_fingerprint(result), seconds))
+            self._cost_s += seconds
 
     def evaluate(self, reward_cfg=None) -> dict:
         budget = self._pool.limits.evaluate_budget_s
-        return self._pool._request(self._worker, self, self._owner, budget, "evaluate", self._key, reward_cfg)
+        return self._pool._request(self._worker, self, self._owner, budget, "evaluate", self._key, reward_cfg)[0]
 
     def close(self) -> None:
-        self._pool.forget(self._worker, self._key)
-        try:
+        self._pool.forget(self._worker, self._key)  # first: a kill from now on neither rebuilds nor revives it
+        with contextlib.suppress(WorkerLost, WorkerBusy):  # nothing left to free
             self._pool._request(self._worker, self, self._owner, SHORT_REQUEST_S, "close", self._key)
-        except (WorkerLost, WorkerBusy):
-            pass  # nothing left to free
-        finally:  # a replacement's replay, which this request waited for, listed it again: else the next kill revives it
-            self._pool.forget(self._worker, self._key)
 
 
 __all__ = ["RemoteEpisode", "RemoteError", "WorkerBusy", "WorkerLost", "WorkerPool"]

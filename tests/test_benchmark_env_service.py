@@ -49,6 +49,8 @@ def test_benchmark_quick_runs(tmp_path):
         "4 run ids of one client fill the service",
         "another client finishes 2,148 episodes",
         "its episode kills its worker",
+        "workers killed from outside",
+        "slow episodes beside a killed worker",
         "a stopped (SIGSTOP) worker",
         "RSS ratio",
     ):

@@ -350,7 +350,7 @@ def test_a_stopped_worker_shows_in_health_and_no_scratch_folder_outlives_its_wor
     pool = service.manager._pool
     stale = tempfile.mkdtemp(prefix=f"seal-env-{2**22 + 12345}-")  # ours: a root left by a killed service
     victim, survivor = _on_other_workers(client, service, OOD_TASK)
-    assert len(_scratch_folders(pool.scratch)) == 1  # the OOD episode's folder, inside this service's root
+    (folder,) = _scratch_folders(pool.scratch)  # the OOD episode's folder, inside this service's root
     worker = _worker_of(service, victim)
     os.kill(worker.process.pid, signal.SIGSTOP)  # idle: no request to it is overdue, only the heartbeat says so
     started = time.monotonic()
@@ -358,9 +358,9 @@ def test_a_stopped_worker_shows_in_health_and_no_scratch_folder_outlives_its_wor
         assert time.monotonic() - started < HEARTBEAT_TIMEOUT_S + 3, "a stopped worker still reads as ok"
         time.sleep(0.1)
     os.kill(worker.process.pid, signal.SIGKILL)
-    with pytest.raises(EnvServiceError):
-        client.step(victim, "hi")
-    assert _scratch_folders(pool.scratch) == []  # the killed worker's folders went with it
+    assert client.step(victim, "hi")["info"]["num_steps"] == 1  # rebuilt on the replacement, in a folder of its own
+    assert folder not in _scratch_folders(pool.scratch)  # the killed worker's folders went with it
+    assert len(_scratch_folders(pool.scratch)) == 1
     assert client.step(survivor, "hi")["info"]["num_steps"] == 1
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)  # the replacement's own heartbeat is what keeps it ok now
     assert requests.get(service.url + "/health", timeout=10).status_code == 200
@@ -538,7 +538,7 @@ def test_loopback_source_addresses_are_one_owner_for_header_less_requests(small_
     )
 
 
-# -- class 2: a worker's death costs only the episode it died on ---------------------------------------
+# -- class 2: a worker's death costs only the episode it died on (none, when it died between requests) -------------
 
 
 def test_a_killed_workers_innocent_episodes_are_rebuilt_on_its_replacement(service, client):
@@ -558,10 +558,8 @@ def test_a_killed_workers_innocent_episodes_are_rebuilt_on_its_replacement(servi
     client.step(innocents[1], "<tool_call>{bad}</tool_call>" * 50)  # ours: one that made mistakes replays them too
     for message in messages[:half]:
         client.step(innocents[1], message)
-    os.kill(worker.process.pid, signal.SIGKILL)
-    with pytest.raises(EnvServiceError) as lost:
-        client.step(offender, "hi")  # the request the worker died on: that episode alone is lost
-    assert lost.value.error == "episode_lost"
+    os.kill(worker.process.pid, signal.SIGKILL)  # between requests: no episode's doing (round 3: no one is blamed)
+    assert client.step(offender, "hi")["info"]["num_steps"] == 1
     for instance_id in innocents:  # before: episode_lost for both
         for message in messages[half:]:
             client.step(instance_id, message)

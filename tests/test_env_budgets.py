@@ -7,8 +7,8 @@ One service (loopback, ephemeral port, small budgets so the tests stay short) is
   ``budget_exceeded``, and an innocent episode stepping at the same time is not held up beyond the budget;
 * each MathAPI argument shape that runs in C code for minutes is refused at once;
 * a flood of ``cat`` replies is truncated with a marker;
-* a worker that is killed, or that stops answering, is replaced; only its own episodes fail
-  (``episode_lost``), and ``/health`` says so while it is dead.
+* a worker that is killed is replaced and its episodes go on; one that stops answering is replaced, only the
+  episode whose request it missed fails (``episode_lost``).
 """
 
 from __future__ import annotations
@@ -168,26 +168,12 @@ def _survivor_passes(client, instance_id: str) -> None:
     assert client.evaluate(instance_id, release=True)["valid"] is True
 
 
-def _health_soon(service, status: int, within_s: float = 5.0) -> dict:
-    """/health once it answers ``status`` (a killed process takes a moment to be seen dead)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        response = requests.get(service.url + "/health", timeout=10)
-        if response.status_code == status or time.monotonic() > deadline:
-            assert response.status_code == status, response.text
-            return response.json()
-        time.sleep(0.05)
-
-
-def test_killed_worker_is_replaced_and_only_its_episodes_fail(service, client):
+def test_killed_worker_is_replaced_and_its_episodes_go_on(service, client):
     victim, survivor = _episodes_on_each_worker(client, service)
     worker = _worker_of(service, victim)
     restarts = worker.restarts
-    os.kill(worker.process.pid, signal.SIGKILL)
-    assert _health_soon(service, 503)["workers"]["workers_answering"] == 1  # dead: /health must not say ok
-    with pytest.raises(EnvServiceError) as lost:
-        client.step(victim, call("ls"))
-    assert lost.value.status == 500 and lost.value.error == "episode_lost"
+    os.kill(worker.process.pid, signal.SIGKILL)  # between requests: no episode's doing
+    _survivor_passes(client, victim)  # rebuilt on the replacement before its next step
     assert worker.restarts == restarts + 1
     _survivor_passes(client, survivor)
     fresh = client.create("multi_turn_base_2", "validate")["instance_id"]  # the replacement serves

@@ -1,7 +1,8 @@
 """Requests that wait for a worker while it is being killed and replaced (real worker processes): a create queued
 behind the request the worker died on starts on the replacement, and an episode released during the replacement
 is gone for good (the next kill does not rebuild it, scratch folder and all); the replacement is a spare started
-before the kill, so the innocent episodes do not wait for a worker to start."""
+before the kill, so the innocent episodes do not wait for a worker to start. (Worker deaths of other causes, and
+replays: ``test_env_worker_death.py``.)"""
 
 from __future__ import annotations
 
@@ -52,16 +53,18 @@ def _lost(manager, instance_id: str) -> bool:
     return False
 
 
-def _kill_and_replace(pool, worker) -> threading.Thread:
-    """SIGKILL ``worker`` and replace it in a thread; returns once the replacement is under way (its lock held)."""
+def _kill_and_replace(worker) -> None:
+    """SIGKILL ``worker``; returns once the pool's monitor has it replaced (the monitor sees the exit at once)."""
     restarts = worker.restarts
     os.kill(worker.process.pid, signal.SIGKILL)
-    worker.process.wait()
-    replacing = threading.Thread(target=pool.replace_dead)
-    replacing.start()
-    while worker.restarts == restarts:  # counted inside the kill, before the new worker starts (a second or so)
+    _replaced(worker, restarts)
+
+
+def _replaced(worker, restarts: int) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while worker.restarts == restarts and time.monotonic() < deadline:  # counted inside the kill
         time.sleep(0.001)
-    return replacing
+    assert worker.restarts == restarts + 1
 
 
 def test_an_episode_released_during_its_workers_replacement_is_not_revived():
@@ -70,11 +73,12 @@ def test_an_episode_released_during_its_workers_replacement_is_not_revived():
         pool = manager._pool
         instance_id = manager.create(OOD_TASK, "validate")["instance_id"]
         worker = pool._workers[0]
-        replacing = _kill_and_replace(pool, worker)
-        assert manager.release(instance_id)  # waits for the replay, then closes the rebuilt episode
-        replacing.join()
+        restarts = worker.restarts
+        os.kill(worker.process.pid, signal.SIGKILL)
+        assert manager.release(instance_id)  # races the monitor's replacement of the worker
+        _replaced(worker, restarts)
         assert instance_id not in worker.episodes  # before: listed again by the replay
-        _kill_and_replace(pool, worker).join()
+        _kill_and_replace(worker)
         assert worker.episodes == {}
         assert os.listdir(worker.scratch) == []  # before: its folder made again by a second replay
     finally:
@@ -115,7 +119,7 @@ def test_a_spare_that_died_after_its_start_is_passed_over_for_a_cold_start():
         assert spare.conn.poll(START_TIMEOUT_S)  # its "ready" is waiting, unread
         os.kill(spare.process.pid, signal.SIGKILL)
         spare.process.wait()
-        _kill_and_replace(pool, worker).join()
+        _kill_and_replace(worker)
         assert worker.process is not spare.process and worker.process.poll() is None
         assert manager.step(innocent, call("ls"))["info"]["num_steps"] == 1  # before: replayed onto the dead spare
     finally:
