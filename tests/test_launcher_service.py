@@ -1,5 +1,5 @@
 """The launcher's environment service: its own (free port, fresh secret, identity checked), never a
-stranger that happens to answer on the configured port."""
+stranger that happens to answer on the configured port; restarted when it dies; gone with its launcher."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
+from processes import alive, service_and_workers, wait_for
 
-from env_service.client import EnvClient
+from env_service.client import EnvClient, EnvServiceError
 from env_service.service import ServerThread
 from seal.launch import PreflightError, compose_recipe, environment_service
 
@@ -69,67 +69,23 @@ def test_a_user_run_service_is_used_with_its_secret(tmp_path, monkeypatch):
 # ---- the service's lifecycle: restarted when it dies, gone when its launcher is -----------------------------
 
 
-def processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process (Linux /proc)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                found[int(entry.name)] = (
-                    int(stat_fields[1]),
-                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(),
-                )
-            except (OSError, IndexError, ValueError):
-                continue  # gone while we looked
-    return found
-
-
-def service_and_workers(parent: int) -> list[int]:
-    """The environment service ``parent`` started, then that service's worker processes."""
-    table = processes()
-    services = [pid for pid, (ppid, cmd) in table.items() if ppid == parent and "env_service serve" in cmd]
-    assert len(services) == 1, services
-    return services + [pid for pid, (ppid, _) in table.items() if ppid == services[0]]
-
-
-def alive(pids) -> list[int]:
-    return [pid for pid in pids if Path(f"/proc/{pid}").exists() and "(Z)" not in _state(pid)]
-
-
-def _state(pid: int) -> str:
-    try:
-        return "(" + Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] + ")"
-    except OSError:
-        return "(gone)"
-
-
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (result := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout_s:.0f}s")
-        time.sleep(0.2)
-    return result
-
-
 def test_a_dead_service_is_restarted_on_the_url_its_clients_use(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SEAL_ENV_SECRET", raising=False)
     config = recipe(tmp_path, "env_service.serve.workers=1")
     env = config.env_service
     with environment_service(config) as url:
-        (first,) = service_and_workers(os.getpid())[:1]
+        first = service_and_workers(os.getpid())[0]
         os.kill(first, signal.SIGKILL)
         client = EnvClient(url, secret=Path(env.secret_file).read_text(), run_id=env.run_id, retries=0, timeout_s=5)
 
         def answers_again():
             try:
                 return client.health().get("service_id") == env.service_id
-            except Exception:
+            except EnvServiceError:  # not up again yet
                 return False
 
         wait_for(answers_again, 120, "the killed service was not restarted")
-        (second,) = service_and_workers(os.getpid())[:1]
+        second = service_and_workers(os.getpid())[0]
         assert second != first
         assert client.create("multi_turn_base_0", "validate")["instance_id"]
     out = capsys.readouterr().out
@@ -165,7 +121,7 @@ def test_the_service_its_workers_and_the_secret_file_go_with_the_launcher(tmp_pa
         assert (tmp_path / "env_service.secret").exists()
         owner.send_signal(signum)
         assert owner.wait(30) == (-signal.SIGKILL if signum == signal.SIGKILL else 128 + signum)
-        wait_for(lambda: not alive(started), 30, f"service and workers {alive(started)} still alive")
+        wait_for(lambda: not alive(started), 30, f"some of the service and its workers {started} still run")
         wait_for(lambda: not (tmp_path / "env_service.secret").exists(), 5, "the secret file is still there")
     finally:
         if owner.poll() is None:
