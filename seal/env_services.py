@@ -159,7 +159,7 @@ class LocalService:
             report(f"{self.describe()} exited with code {code}; restarting it (its episodes in flight fail)")
             try:
                 self.start()
-            except ServiceStartError as exc:
+            except (ServiceStartError, OSError) as exc:
                 if not self._stopping.is_set():
                     report(f"could not restart the environment service: {exc}; episodes will fail until the run stops")
                 return

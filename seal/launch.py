@@ -282,7 +282,9 @@ def environment_service(config: DictConfig):
     ``env_service.url`` set: that service (it must answer /health); its secret, if any, comes from
     ``env_service.secret_file`` or ``$SEAL_ENV_SECRET``. Otherwise services started for this run only, with
     a fresh secret (a 0600 file in the run directory, never printed) and a fresh identity checked in
-    /health: one on this machine's loopback, or one per Ray node when ``trainer.nnodes > 1``.
+    /health: one on this machine's loopback, or one per Ray node when ``trainer.nnodes > 1``. Each is restarted
+    when it dies and exits with its owner (``LocalService``); a run stopped for environment failures ends with
+    ``RunStopped``, one line naming the service and its log (docs/faults.md).
     """
     from env_service.auth import resolve_secret
     from env_service.client import EnvClient
