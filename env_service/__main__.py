@@ -21,6 +21,7 @@ Exit codes: 0 ok, 1 failure (replay), 2 bad input or usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -90,6 +91,8 @@ def cmd_serve(args) -> int:
     from env_service.manager import EpisodeManager
     from env_service.service import serve
 
+    if args.parent_pid:
+        _exit_with_owner(args.parent_pid, args.secret_file)
     try:
         secret = resolve_secret(secret_file=args.secret_file)
         check_bind(args.host, secret)
@@ -135,6 +138,19 @@ def cmd_serve(args) -> int:
         limits=limits,
     )
     return EXIT_OK
+
+
+def _exit_with_owner(parent_pid: int, secret_file: str | None) -> None:
+    """A service started for one process's run: it ends with that process, and takes the run's secret file along
+    (the owner cannot remove it when it was SIGKILLed)."""
+    from env_service.parent_watch import exit_with_parent
+
+    def remove_secret() -> None:
+        if secret_file:
+            with contextlib.suppress(OSError):
+                os.unlink(secret_file)
+
+    exit_with_parent(parent_pid, on_exit=remove_secret)
 
 
 def cmd_prompt(args) -> int:
@@ -332,6 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--service-id",
         help="an identity /health echoes, so whoever started the service can tell it from another one on the same port",
+    )
+    serve.add_argument(
+        "--parent-pid",
+        type=int,
+        help="the process this service was started for (the launcher passes its own): when it is gone, the service "
+        "and its workers exit and --secret-file is removed",
     )
     # HTTP limits: unset flags keep env_service.http_limits.HttpLimits' defaults
     serve.add_argument("--max-header-bytes", type=int, help="request line + headers, bytes (431 beyond; 64 KiB)")

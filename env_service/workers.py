@@ -62,6 +62,7 @@ from env_service import tasks
 from env_service.config import ServiceLimits
 from env_service.fair_gate import FairGate, Usage
 from env_service.ood_episode import load_any_task, new_episode
+from env_service.parent_watch import exit_with_parent
 from env_service.scratch import SCRATCH_ENV, make_scratch_root
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ def _beat_forever(beats: socket.socket) -> None:
 
 def _worker_main(conn, beats: socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the service, which then stops us
+    exit_with_parent(os.getppid())  # a killed service too (gone before this line: the recv below meets EOF)
     threading.Thread(target=_beat_forever, args=(beats,), name="heartbeat", daemon=True).start()
     limits: ServiceLimits = conn.recv()
     ids = tasks.task_ids("all")

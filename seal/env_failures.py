@@ -8,7 +8,10 @@ would still be wrong twice over:
   advantage; ``regroup_without_failed`` recomputes the group statistics as if the failed episode were absent;
 - in validation it would count as a wrong answer and could move the best checkpoint;
   ``split_validation_failures`` takes such tasks out of the accuracy, reports them apart, and stops the run when
-  their share passes ``seal.validation.max_env_failure_share`` (a broken service must not look like a bad model).
+  their share passes ``seal.validation.max_env_failure_share`` (a broken service must not look like a bad model);
+- a training step whose failed share passes the same threshold stops the run there (``stop_if_environment_down``),
+  before its update and its checkpoint: steps without an environment never train, never become a checkpoint and
+  never prune the last checkpoint made with a live one.
 
 A training step in which every episode failed has no token to train on; ``SealAgentLoopManager`` (verl's
 agent-loop manager, set by the launcher) lets that step run as a counted no-op instead of ending the run in verl's
@@ -29,7 +32,18 @@ FAILED_KEY = "env_failed"
 
 
 class TooManyEnvFailures(RuntimeError):
-    """More validation episodes failed on the environment side than the configured share allows."""
+    """More episodes (of a validation, or of a training step) failed on the environment side than the configured
+    share allows."""
+
+
+def raise_if_too_many(failed: np.ndarray, max_share: float, what: str, detail: str = "") -> None:
+    """``TooManyEnvFailures`` when the share of ``failed`` passes ``max_share`` (``what``: whose episodes)."""
+    share = float(failed.mean()) if len(failed) else 0.0
+    if share > max_share:
+        raise TooManyEnvFailures(
+            f"{what}: {int(failed.sum())} of {len(failed)} episodes failed on the environment side (share {share:.3f} "
+            f"> seal.validation.max_env_failure_share={max_share}){detail}"
+        )
 
 
 def failed_mask(batch) -> np.ndarray:
@@ -66,6 +80,16 @@ def regroup_without_failed(batch, norm_adv_by_std: bool) -> int:
     return int(failed.sum())
 
 
+def stop_if_environment_down(batch, step: int, max_share: float) -> None:
+    """Stop the run at training step ``step`` when the environment failed too many of its episodes: called before
+    the update (verl checkpoints after it), so such a step is neither trained on nor checkpointed."""
+    failed = failed_mask(batch)
+    errors = sorted({str(e) for e in np.asarray(batch.non_tensor_batch["seal_error"])[failed]})
+    first = " ".join(errors[0].split())[:200] if errors else ""
+    detail = f", e.g. {first!r}; the run stops before the step's update and checkpoint"
+    raise_if_too_many(failed, max_share, f"training step {step}", detail)
+
+
 def lone_survivors(uids: np.ndarray, failed: np.ndarray) -> torch.Tensor:
     """Rows that are the only usable member of a group that lost members to environment failures."""
     survivors = Counter(uids[~failed].tolist())
@@ -89,12 +113,7 @@ def split_validation_failures(data_sources, sample_uids, infos: dict, sample_tur
     }
     for source in sorted(set(data_sources[failed].tolist())):
         metrics[f"val-aux/env_failed/{source}/count"] = int((data_sources[failed] == source).sum())
-    if metrics["val-aux/env_failed/share"] > max_share:
-        raise TooManyEnvFailures(
-            f"{metrics['val-aux/env_failed/count']} of {len(failed)} validation episodes failed on the environment "
-            f"side (share {metrics['val-aux/env_failed/share']:.3f} > seal.validation.max_env_failure_share="
-            f"{max_share}); see the agent-loop warnings and the environment service log"
-        )
+    raise_if_too_many(failed, max_share, "validation")
     keep = ~failed
     kept_infos = {k: [v for v, ok in zip(values, keep) if ok] for k, values in infos.items() if k != FAILED_KEY}
     kept_uids = [u for u, ok in zip(sample_uids, keep) if ok]
@@ -120,5 +139,7 @@ __all__ = [
     "TooManyEnvFailures",
     "failed_mask",
     "regroup_without_failed",
+    "raise_if_too_many",
     "split_validation_failures",
+    "stop_if_environment_down",
 ]

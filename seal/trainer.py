@@ -38,7 +38,7 @@ from seal.agent_loop import env_client
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats
-from seal.env_failures import regroup_without_failed, split_validation_failures
+from seal.env_failures import regroup_without_failed, split_validation_failures, stop_if_environment_down
 from seal.launch.env_services import profile_client
 from seal.report.figures import run_figures
 from seal.validation import BestCheckpoint, category_average, validation_table
@@ -76,6 +76,8 @@ class SealTrainer(RayPPOTrainer):
     # ---- the SEAL step ---------------------------------------------------------------------------
 
     def _update_actor(self, batch):
+        # before the update, and so before verl's checkpoint of the step: a step without an environment stops the run
+        stop_if_environment_down(batch, self.global_steps, float(self.config.seal.validation.max_env_failure_share))
         start = time.perf_counter()
         seal_metrics = self._seal_step(batch)
         seal_metrics["timing_s/seal_step"] = time.perf_counter() - start  # verl times the update around it

@@ -8,7 +8,13 @@ import torch
 from verl import DataProto
 
 from seal.apatch import apply_apatch
-from seal.env_failures import FAILED_KEY, TooManyEnvFailures, regroup_without_failed, split_validation_failures
+from seal.env_failures import (
+    FAILED_KEY,
+    TooManyEnvFailures,
+    regroup_without_failed,
+    split_validation_failures,
+    stop_if_environment_down,
+)
 
 EPS = 1e-6
 
@@ -100,6 +106,15 @@ def test_too_many_environment_failures_stop_the_run():
     sources, uids, infos, turns = validation_inputs([1, 1, 0, 0])
     with pytest.raises(TooManyEnvFailures, match="max_env_failure_share"):
         split_validation_failures(sources, uids, infos, turns, max_share=0.25)
+
+
+def test_a_training_step_past_the_failure_share_stops_the_run_naming_the_step():
+    batch = make_batch([0.0] * 4, ["a", "a", "b", "b"], [True, False, False, True])
+    refused = "connection refused\n(after 3 tries)"
+    batch.non_tensor_batch["seal_error"] = np.array([refused, "", "", refused], dtype=object)
+    with pytest.raises(TooManyEnvFailures, match=r"^training step 7: 2 of 4 episodes .*'connection refused \(after"):
+        stop_if_environment_down(batch, step=7, max_share=0.25)
+    stop_if_environment_down(batch, step=7, max_share=0.5)  # at the threshold the step trains
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,20 @@
 """The launcher's environment service: its own (free port, fresh secret, identity checked), never a
-stranger that happens to answer on the configured port."""
+stranger that happens to answer on the configured port; restarted when it dies; gone with its launcher."""
 
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import requests
+from processes import alive, service_and_workers, wait_for
 
-from env_service.client import EnvClient
+from env_service.client import EnvClient, EnvServiceError
 from env_service.service import ServerThread
 from seal.launch import PreflightError, compose_recipe, environment_service
 
@@ -60,3 +64,65 @@ def test_a_user_run_service_is_used_with_its_secret(tmp_path, monkeypatch):
         with environment_service(config) as url:
             assert url == theirs.url
         assert not os.path.exists(tmp_path / "env_service.secret")
+
+
+# ---- the service's lifecycle: restarted when it dies, gone when its launcher is -----------------------------
+
+
+def test_a_dead_service_is_restarted_on_the_url_its_clients_use(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SEAL_ENV_SECRET", raising=False)
+    config = recipe(tmp_path, "env_service.serve.workers=1")
+    env = config.env_service
+    with environment_service(config) as url:
+        first = service_and_workers(os.getpid())[0]
+        os.kill(first, signal.SIGKILL)
+        client = EnvClient(url, secret=Path(env.secret_file).read_text(), run_id=env.run_id, retries=0, timeout_s=5)
+
+        def answers_again():
+            try:
+                return client.health().get("service_id") == env.service_id
+            except EnvServiceError:  # not up again yet
+                return False
+
+        wait_for(answers_again, 120, "the killed service was not restarted")
+        second = service_and_workers(os.getpid())[0]
+        assert second != first
+        assert client.create("multi_turn_base_0", "validate")["instance_id"]
+    out = capsys.readouterr().out
+    assert f"(pid {first}, log {tmp_path / 'env_service.log'}) exited with code -9; restarting it" in out
+    assert "restarted (1 restart(s) in this run)" in out
+    assert not alive([second])
+
+
+OWNER = """
+import sys, time
+from seal.launch import compose_recipe, environment_service, exit_on_termination
+
+@exit_on_termination
+def run():
+    config = compose_recipe("exp/cpu_tiny.yaml", ["seal.run_dir=" + sys.argv[1], "env_service.serve.workers=1"])
+    with environment_service(config):
+        print("up", flush=True)
+        time.sleep(600)
+
+run()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_the_service_its_workers_and_the_secret_file_go_with_the_launcher(tmp_path, signum):
+    """However the launcher ends (SIGKILL cannot be caught), its service and workers exit and its secret file goes."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "up\n" in iter(owner.stdout.readline, ""), "the owner exited before its service was up"
+        started = wait_for(
+            lambda: service_and_workers(owner.pid)[2:] and service_and_workers(owner.pid), 60, "no workers"
+        )
+        assert (tmp_path / "env_service.secret").exists()
+        owner.send_signal(signum)
+        assert owner.wait(30) == (-signal.SIGKILL if signum == signal.SIGKILL else 128 + signum)
+        wait_for(lambda: not alive(started), 30, f"some of the service and its workers {started} still run")
+        wait_for(lambda: not (tmp_path / "env_service.secret").exists(), 5, "the secret file is still there")
+    finally:
+        if owner.poll() is None:
+            owner.kill()

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import alive, kill_session, processes, service_and_workers, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,22 +61,20 @@ def launch(tmp: Path, *extra: str, log_name: str) -> subprocess.Popen:
     )
 
 
-def stop_ray() -> None:
-    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=120)
-
-
 def wait(proc: subprocess.Popen, timeout_s: float) -> int:
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stop_ray()
+        kill_session(proc.pid)  # the run and its Ray cluster, never another cluster on the machine
         pytest.fail(f"run did not finish within {timeout_s}s")
 
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
-    """Run A is killed (SIGKILL) right after its first checkpoint; run B, the same command, resumes it."""
+    """Run A's launcher is killed (SIGKILL) right after its first checkpoint; run B, the same command, resumes it.
+
+    The kill also checks that nothing of run A's environment outlives its launcher (the service, its workers, the
+    run's secret file)."""
     tmp = tmp_path_factory.mktemp("cpu_tiny")
     ckpt = run_dirs(tmp)["ckpt"]
     run_a = launch(tmp, log_name="run_a.log")
@@ -90,10 +89,13 @@ def resumed_run(tmp_path_factory):
             break
         time.sleep(1)
     assert marker.exists(), "no checkpoint after step 1"
-    time.sleep(2)  # let the checkpoint's remaining files land, then kill the whole run
-    os.killpg(run_a.pid, signal.SIGKILL)
+    time.sleep(2)  # let the checkpoint's remaining files land, then kill the launcher, and the launcher only
+    environment = service_and_workers(run_a.pid)
+    os.kill(run_a.pid, signal.SIGKILL)
     run_a.wait()
-    stop_ray()
+    wait_for(lambda: not alive(environment), 30, f"run A's environment service and workers {alive(environment)} alive")
+    wait_for(lambda: not (run_dirs(tmp)["run"] / "env_service.secret").exists(), 5, "run A's secret file remains")
+    kill_session(run_a.pid)  # what else the run left (Ray's own processes): only this test's cluster
     assert not (ckpt / "global_step_2").exists(), "run A got past step 1 before it was killed"
     run_b = launch(tmp, log_name="run_b.log")
     rc = wait(run_b, 900)
@@ -205,52 +207,51 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
     assert "actor/pg_loss" in log
 
 
-def test_environment_service_dying_mid_rollout_fails_episodes_cleanly(tmp_path):
-    """Kill the service during the first training rollout: episodes fail after bounded retries, are kept out
-    of the loss and counted, and the step still completes."""
-    port = free_port()
-    service = subprocess.Popen(
-        [sys.executable, "-m", "env_service", "serve", "--port", str(port)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def test_a_service_killed_mid_run_is_restarted_and_its_failed_step_stops_the_run(tmp_path):
+    """The launcher's service is killed during step 2's rollout, after step 1's checkpoint. The launcher restarts it;
+    the episodes it held fail (no retries here), so step 2's failure share passes the threshold and the run stops at
+    step 2 in one line naming the service and its log, before the step's update and checkpoint: step 1's checkpoint,
+    the last one made with a live environment, stays the latest and is not pruned."""
+    d = run_dirs(tmp_path)
+    proc = launch(
+        tmp_path,
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        "seal.rollout.episode_retries=0",
+        "env_service.retries=0",
+        "env_service.timeout_s=5",
+        "actor_rollout_ref.rollout.agent.num_workers=2",  # as on GPU: chunks from two workers
+        log_name="fault.log",
     )
+    log_path = tmp_path / "fault.log"
     try:
-        url = f"http://127.0.0.1:{port}"
-        from env_service.client import EnvClient
+        step_1 = d["ckpt"] / "global_step_1" / "seal_capability_state.json"
+        wait_for(lambda: step_1.exists() or proc.poll() is not None, 900, "no checkpoint after step 1")
+        assert proc.poll() is None, log_path.read_text()[-6000:]
+        service = service_and_workers(proc.pid)[0]
+        command = processes()[service]["cmd"].split()
+        from env_service.client import EnvClient, EnvServiceError
 
-        client = EnvClient(url, timeout_s=2, retries=0)
-        for _ in range(100):
+        client = EnvClient(f"http://127.0.0.1:{command[command.index('--port') + 1]}", timeout_s=5, retries=0)
+
+        def episodes_created() -> int:
             try:
-                client.health()
-                break
-            except Exception:
-                time.sleep(0.3)
-        proc = launch(
-            tmp_path,
-            f"env_service.url={url}",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=0",
-            "trainer.total_training_steps=1",
-            "seal.checkpoint.save_best=false",
-            "trainer.save_freq=0",
-            "seal.rollout.episode_retries=1",
-            "env_service.retries=0",
-            "env_service.timeout_s=5",
-            "actor_rollout_ref.rollout.agent.num_workers=2",  # as on GPU: chunks from two workers
-            log_name="fault.log",
-        )
-        # wait until the rollout has started talking to the service, then kill it
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and client.health().get("created", 0) < 1:
-            time.sleep(0.5)
-        service.kill()
+                return client.health().get("created", 0)
+            except EnvServiceError:  # 503 while a worker is being replaced
+                return 0
+
+        wait_for(lambda: episodes_created() > 2, 600, "step 2's rollout did not start")  # 2 episodes a step
+        os.kill(service, signal.SIGKILL)
         rc = wait(proc, 900)
-        log = (tmp_path / "fault.log").read_text()
-        assert rc == 0, log[-6000:]
-        failed = metric_values(log, "seal/rollout/failed_episodes")
-        assert failed and failed[-1] >= 1
-        assert "actor/pg_loss" in log
     finally:
-        if service.poll() is None:
-            service.kill()
+        if proc.poll() is None:
+            kill_session(proc.pid)
+    log = log_path.read_text()
+    assert rc == 1, log[-6000:]
+    assert f"(pid {service}, log {d['run'] / 'env_service.log'}) exited with code -9; restarting it" in log
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("[seal] error: training step 2: ") and "max_env_failure_share" in last, log[-3000:]
+    assert f"log {d['run'] / 'env_service.log'}" in last
+    assert (d["ckpt"] / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert (d["ckpt"] / "global_step_1" / "actor").is_dir() and not (d["ckpt"] / "global_step_2").exists()
+    assert not [pid for pid, p in processes().items() if f"--parent-pid {proc.pid}" in p["cmd"] and p["state"] != "Z"]

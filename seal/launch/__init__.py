@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,10 @@ AGENT_LOOP_MANAGER = "seal.env_failures.SealAgentLoopManager"
 
 class PreflightError(ValueError):
     """A configuration that cannot run, with what to change."""
+
+
+class RunStopped(RuntimeError):
+    """The run stopped itself because the environment failed; the message is the one line that says so."""
 
 
 def compose_recipe(conf: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -277,7 +282,9 @@ def environment_service(config: DictConfig):
     ``env_service.url`` set: that service (it must answer /health); its secret, if any, comes from
     ``env_service.secret_file`` or ``$SEAL_ENV_SECRET``. Otherwise services started for this run only, with
     a fresh secret (a 0600 file in the run directory, never printed) and a fresh identity checked in
-    /health: one on this machine's loopback, or one per Ray node when ``trainer.nnodes > 1``.
+    /health: one on this machine's loopback, or one per Ray node when ``trainer.nnodes > 1``. Each is restarted
+    when it dies and exits with its owner (``LocalService``); a run stopped for environment failures ends with
+    ``RunStopped``, one line naming the service and its log (docs/faults.md).
     """
     from env_service.auth import resolve_secret
     from env_service.client import EnvClient
@@ -290,7 +297,8 @@ def environment_service(config: DictConfig):
             EnvClient(env.url, timeout_s=5, retries=1, secret=resolve_secret(secret_file=env.secret_file)).health()
         except Exception as exc:
             raise PreflightError(f"env_service.url {env.url!r} is not reachable: {exc}") from exc
-        yield env.url
+        with _naming_the_service(lambda: f"the environment service at {env.url} (yours: its log is where you keep it)"):
+            yield env.url
         return
     run_dir = Path(config.seal.run_dir).resolve()  # workers on any node read the secret file by this path
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -324,12 +332,14 @@ def _local_service(config: DictConfig, secret: str):
         host=str(env.host),
     ).start()
     print(f"[seal] environment service up at {service.url} (pid {service.proc.pid}, log {log_path})")
+    service.supervise(report=lambda line: print(f"[seal] {line}", flush=True))
     # The clients of this process and of the local Ray cluster it starts (which inherits the environment)
     # default to $SEAL_ENV_SECRET; env_service.secret_file also names it, for processes started elsewhere.
     previous = os.environ.get(SECRET_ENV)
     os.environ[SECRET_ENV] = secret
     try:
-        yield service.url
+        with _naming_the_service(service.describe):
+            yield service.url
     finally:
         service.stop()
         if previous is None:
@@ -355,14 +365,30 @@ def _node_services(config: DictConfig, secret: str):
     finally:
         ray.shutdown()
     print(f"[seal] {len(env.nodes)} environment services up, one per node: {dict(env.nodes)}")
+    services = f"the environment services {dict(env.nodes)} (each logs to env_service.log in a seal-env-* temp folder)"
     try:
-        yield env.nodes.get(here) or next(iter(env.nodes.values()))
+        with _naming_the_service(lambda: services):
+            yield env.nodes.get(here) or next(iter(env.nodes.values()))
     finally:
         ray.init(address=address, namespace=ACTOR_NAMESPACE, log_to_driver=False)
         try:
             stop_node_services(env.service_id, list(env.nodes))
         finally:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def _naming_the_service(describe):
+    """A run that stops for environment failures (``TooManyEnvFailures``, raised in the trainer and delivered here
+    wrapped in Ray's task error) says so in one line naming the service (``describe()``) and its log."""
+    try:
+        yield
+    except Exception as exc:
+        from seal.env_failures import TooManyEnvFailures
+
+        if not isinstance(exc, TooManyEnvFailures):
+            raise
+        raise RunStopped(f"{getattr(exc, 'cause', None) or exc}; {describe()}") from None
 
 
 def _check_nodes(config: DictConfig) -> None:
@@ -478,6 +504,31 @@ def _print_memory_estimate(config: DictConfig) -> None:
         print(f"[seal] warning: {warning}")
 
 
+def exit_on_termination(run):
+    """SIGTERM and SIGHUP (a scheduler's cancel, a closed terminal) leave ``run`` through its ``finally`` blocks, as
+    Ctrl-C does: the service is stopped and the run's secret file removed (Python's default ends at once). A SIGKILL
+    cannot be caught: then the service sees its launcher gone and does both itself (``serve --parent-pid``)."""
+    import functools
+    import signal
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    @functools.wraps(run)
+    def guarded(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():  # only the main thread can take signals
+            return run(*args, **kwargs)
+        previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return run(*args, **kwargs)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    return guarded
+
+
+@exit_on_termination
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", required=True, help="recipe YAML, e.g. exp/SEAL.yaml")
@@ -502,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     except PreflightError as exc:
         print(f"[seal] error: {exc}", file=sys.stderr)
         return 2
+    except RunStopped as exc:
+        print(f"[seal] error: {exc}", file=sys.stderr)
+        return 1
     except (HydraException, OmegaConfBaseException) as exc:  # a bad override or key: say which, not a traceback
         print(f"[seal] error: invalid configuration: {exc}", file=sys.stderr)
         return 2

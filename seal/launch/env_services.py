@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -71,7 +72,12 @@ def serve_flags(options) -> list[str]:
 
 
 class LocalService:
-    """A ``python -m env_service serve`` process of this run, on this machine's loopback."""
+    """A ``python -m env_service serve`` process of this run, on this machine's loopback.
+
+    It exits with the process that started it (``--parent-pid``: a killed launcher leaves no service behind), and
+    :meth:`supervise` restarts it when it dies: same port, secret and identity, so the run's clients reconnect to it;
+    the episodes it held fail (the run counts them as environment failures).
+    """
 
     def __init__(
         self,
@@ -86,12 +92,29 @@ class LocalService:
         self.secret_file, self.service_id = secret_file, service_id
         self.flags, self.log_path = list(flags), log_path
         self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._lock = threading.Lock()  # the process is replaced by the supervisor and stopped by the owner
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def describe(self) -> str:
+        log = f", log {self.log_path}" if self.log_path else ""
+        return f"the environment service at {self.url} (pid {self.proc.pid if self.proc else '-'}{log})"
+
     def start(self, timeout_s: float = 120.0) -> LocalService:
+        proc = self._spawn()
+        try:
+            wait_healthy(self.url, proc, self.service_id, timeout_s)
+        except BaseException:
+            _terminate(proc)
+            raise
+        return self
+
+    def _spawn(self) -> subprocess.Popen:
         command = [
             sys.executable,
             "-m",
@@ -105,30 +128,62 @@ class LocalService:
             self.secret_file,
             "--service-id",
             self.service_id,
+            "--parent-pid",
+            str(os.getpid()),
             *self.flags,
         ]
-        log = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
-        try:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()
-        try:
-            wait_healthy(self.url, self.proc, self.service_id, timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        with self._lock:
+            if self._stopping.is_set():
+                raise ServiceStartError("the environment service is being stopped")
+            log = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+            try:
+                self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+            finally:
+                if log is not subprocess.DEVNULL:
+                    log.close()
+            return self.proc
+
+    def supervise(self, report=print, poll_s: float = 1.0) -> LocalService:
+        """Restart the service whenever it exits, until :meth:`stop`; ``report`` gets one line per event."""
+        self._supervisor = threading.Thread(
+            target=self._supervise, args=(report, poll_s), name="env-service-supervisor", daemon=True
+        )
+        self._supervisor.start()
         return self
 
+    def _supervise(self, report, poll_s: float) -> None:
+        while not self._stopping.wait(poll_s):
+            code = self.proc.poll()
+            if code is None or self._stopping.is_set():
+                continue
+            report(f"{self.describe()} exited with code {code}; restarting it (its episodes in flight fail)")
+            try:
+                self.start()
+            except (ServiceStartError, OSError) as exc:
+                if not self._stopping.is_set():
+                    report(f"could not restart the environment service: {exc}; episodes will fail until the run stops")
+                return
+            self.restarts += 1
+            report(f"{self.describe()} restarted ({self.restarts} restart(s) in this run)")
+
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self._stopping.set()
+        with self._lock:  # no new process after this: a restart in progress fails at its next health check
+            proc = self.proc
+        _terminate(proc)
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join()
+
+
+def _terminate(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, service_id: str, timeout_s: float = 120.0) -> None:
@@ -180,6 +235,7 @@ class NodeService:
             flags=flags,
             log_path=Path(self._dir) / "env_service.log",
         ).start()
+        self.service.supervise()
 
     def url(self) -> str:
         return self.service.url
