@@ -456,7 +456,7 @@ class CheckpointDisk:
         export = f" + a Hugging Face export of {disk_size(self.export_bytes)}" if self.export_bytes else ""
         return (
             f"{self.at_once} checkpoint(s) of {disk_size(self.checkpoint_bytes)} ({_count(self.parameters)} "
-            "parameters){export} = {disk_size(self.total_bytes)}"
+            f"parameters){export} = {disk_size(self.total_bytes)}"
         )
 
 
@@ -499,10 +499,11 @@ def checkpoints_at_once(config) -> int:
     """Step checkpoints on disk at once, at most. With ``keep_only_best`` every save prunes to the best and the
     latest (``seal.validation.BestCheckpoint.prune``), after the new one is written: 3 while periodic saves
     (``trainer.save_freq``) write next to a best that is not the latest, 2 when only a new best is saved. verl's
-    ``max_actor_ckpt_to_keep`` removes old ones before it writes; otherwise every save stays."""
+    ``max_actor_ckpt_to_keep`` removes old ones before it writes; otherwise every save stays. An evaluation
+    (``trainer.val_only``) writes none."""
     trainer, best = config.trainer, config.seal.checkpoint
     periodic = int(trainer.save_freq or 0) > 0
-    if not periodic and not best.save_best:
+    if trainer.get("val_only") or (not periodic and not best.save_best):
         return 0
     if best.save_best and best.keep_only_best:
         return 3 if periodic else 2
