@@ -75,11 +75,12 @@ def check_values(config: DictConfig) -> None:
 
 
 def check_inputs(config: DictConfig) -> None:
-    """The recipe's model and data files, right after composition: before anything is built from them or the
-    value checks import torch (a typo or a bad file is refused in a second or two)."""
+    """The recipe's model and data files and the disk for its checkpoints, right after its values are checked:
+    before anything is built from them or torch is imported (a typo or a bad file is refused in a second or two)."""
     problems: list[str] = []
     _check_model(config, problems, [])
     _check_data(config, problems)
+    _check_checkpoint_disk(config, problems)
     if problems:
         raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
 
@@ -364,7 +365,9 @@ def _check_checkpoint_disk(config, problems):
     existing = root
     while not existing.exists():
         existing = existing.parent
-    present = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.is_dir() else 0
+    present = sum(  # not through links: the `best` link is a checkpoint counted once
+        os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(root) for name in names
+    )
     free = shutil.disk_usage(existing).free
     if disk.total_bytes - present > free:
         problems.append(
@@ -602,8 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = compose_recipe(args.conf, args.overrides)
-        check_inputs(config)
         check_values(config)  # before prepare() builds anything from the values
+        check_inputs(config)
         config = prepare(config)
         for warning in preflight(config):
             print(f"[seal] warning: {warning}")
