@@ -242,8 +242,14 @@ def _check_data(config, problems):
                 continue
             _refuse_ood_tasks(f"data.{key}", f, ids, problems)
             task_ids[key] += ids
-    if not (config.get("trainer") or {}).get("val_only"):  # an evaluation trains nothing: any task may be validated
-        _refuse_contamination(task_ids["train_files"], task_ids["val_files"], problems)
+    trainer = config.get("trainer") or {}
+    if not trainer.get("val_only"):  # an evaluation trains nothing: any task may be validated
+        validated = task_ids["val_files"] if _validates(trainer) else []  # a run that never validates: unused
+        _refuse_contamination(task_ids["train_files"], validated, problems)
+
+
+def _validates(trainer) -> bool:
+    return bool(trainer.get("val_before_train")) or int(trainer.get("test_freq") or 0) > 0
 
 
 def _refuse_ood_tasks(key: str, path: str, task_ids: list[str], problems: list[str]) -> None:

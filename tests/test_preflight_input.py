@@ -151,6 +151,10 @@ def test_train_and_validation_files_must_not_share_tasks(tmp_path):
     _check_data(evaluation, problems)  # an evaluation trains nothing: any task may be validated
     assert problems == []
 
+    problems = []  # the learning check trains on its one task and never validates (val_files names the same file)
+    _check_data(compose_recipe(str(ROOT / "exp" / "cpu_learning.yaml"), []), problems)
+    assert problems == []
+
 
 def test_many_shared_ids_are_shown_as_a_few_and_a_count(tmp_path):
     heldout = rows_of(ROOT / "data" / "bfcl_heldout.parquet")
