@@ -6,8 +6,8 @@ A recipe in ``exp/`` is a Hydra config whose defaults are verl's ``ppo_trainer``
 search path for both is supplied here, so recipes can include one another (``defaults: [SEAL, _self_]``).
 Preflight turns the usual first-run failures (no GPU, a missing model or data file, an unreachable service,
 lengths that cannot fit, a disk too small for the checkpoints) into one clear message before Ray and verl start;
-the recipe's inputs (its YAML, model and data files) are checked first, before anything is built or imported
-from them. A run that stops for a cause one line can say (a checkpoint that cannot be written) exits 1 with it.
+the recipe's YAML, values, model, data files and checkpoint disk are checked first, before anything is built from
+them or torch is imported. A run that stops for a cause one line can say (a checkpoint that cannot be written) exits 1 with it.
 """
 
 from __future__ import annotations
