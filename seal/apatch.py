@@ -21,9 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from env_service.vocabulary import (
     LABEL_ARGUMENT_MISMATCH,
@@ -43,6 +41,9 @@ from env_service.vocabulary import (
     TAG_STATE_MISMATCH,
 )
 from seal.capability_state import CapabilityState, CapabilityStats
+
+if TYPE_CHECKING:  # torch is imported where tensors are scaled: the launcher checks APatchConfig before it loads torch
+    import torch
 
 # The released recipe's static utility weights. Tags not listed weigh 1.0.
 DEFAULT_TAG_WEIGHTS: dict[str, float] = {
@@ -307,6 +308,8 @@ def apply_budget(
 
 def scale_advantages(advantages: torch.Tensor, scales: Sequence[float], apply_to: str) -> torch.Tensor:
     """Multiply row i by scales[i] — all entries, or only positive / only negative ones."""
+    import torch
+
     _require_choice("apply_to", apply_to, APPLY_TO)
     shape = (advantages.shape[0],) + (1,) * (advantages.dim() - 1)
     s = torch.as_tensor(list(scales), dtype=advantages.dtype, device=advantages.device).view(shape)
@@ -428,6 +431,8 @@ def _scale_quantiles(scales: Sequence[float], prefix: str) -> dict[str, float]:
     """The distribution of the applied scales over the tagged trajectories (``<prefix>/scale/<quantile>``)."""
     if not scales:
         return {}
+    import torch
+
     values = torch.quantile(
         torch.tensor(scales, dtype=torch.float64), torch.tensor(list(SCALE_QUANTILES.values()), dtype=torch.float64)
     )

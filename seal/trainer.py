@@ -22,9 +22,12 @@ per-epoch diagnostic dumps, the failure profile pushed to the environment servic
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid
 
@@ -194,16 +197,17 @@ class SealTrainer(RayPPOTrainer):
         return os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}", STATE_FILE)
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
-        atomic_write_json(
-            self._checkpoint_state_path(),
-            {
-                "state": self.state.state_dict(),
-                "epoch_in_window": self.epoch_in_window,
-                "run_uid": self.run_uid,
-                "diagnostics_window": self.stats.window_state(),
-            },
-        )
+        with explained_save_failure(os.path.dirname(self._checkpoint_state_path())):
+            super()._save_checkpoint()
+            atomic_write_json(
+                self._checkpoint_state_path(),
+                {
+                    "state": self.state.state_dict(),
+                    "epoch_in_window": self.epoch_in_window,
+                    "run_uid": self.run_uid,
+                    "diagnostics_window": self.stats.window_state(),
+                },
+            )
         self.best.prune()
 
     def _load_checkpoint(self):
@@ -230,6 +234,86 @@ class SealTrainer(RayPPOTrainer):
         # drawn from what the run logged: accuracy per category with SE bands, tag shares, A-Patch weights and scales
         for plot in run_figures(self._run_dir()):
             print(f"[seal] figure: {plot}")
+
+
+# ---- a checkpoint that cannot be written ---------------------------------------------------------
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint save failed; the message is one line naming the checkpoint's path and the cause."""
+
+
+#: Bytes written to find the cause of a failed save (verl's workers report a full disk as torch's
+#: ``basic_ios::clear: iostream error``, without the errno).
+PROBE_BYTES = 1024**2
+
+
+@contextlib.contextmanager
+def explained_save_failure(step_dir: str):
+    """Turn a failed save of ``step_dir`` into a ``CheckpointSaveError`` naming it and the cause (ENOSPC, EFBIG,
+    ...). The partial checkpoint goes (it is not the latest and holds the space the next attempt needs); the
+    previous checkpoints stay: pruning runs only after a save succeeded."""
+    existed = os.path.exists(step_dir)
+    try:
+        yield
+    except Exception as exc:
+        cause = save_failure_cause(exc, os.path.dirname(step_dir))
+        if not existed and not _is_latest(step_dir):
+            shutil.rmtree(step_dir, ignore_errors=True)
+        raise CheckpointSaveError(f"cannot save checkpoint {step_dir}: {cause}; earlier checkpoints are kept") from exc
+
+
+def save_failure_cause(exc: BaseException, directory: str) -> str:
+    """The errno of the failure where the exception carries one, else the errno of a probe write to
+    ``directory`` (a full disk is still full), else the innermost message's first line."""
+    errors = list(_causes(exc))
+    for error in errors:
+        if isinstance(error, OSError) and error.errno:
+            return _describe_errno(error.errno, directory)
+    probe_errno = _probe_write(directory)
+    if probe_errno:
+        return _describe_errno(probe_errno, directory)
+    return (str(errors[-1]).strip().splitlines() or [type(errors[-1]).__name__])[0]
+
+
+def _causes(exc: BaseException):
+    """The exception, what it was raised from, and the original of a Ray task error (``cause``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+
+
+def _probe_write(directory: str) -> int | None:
+    if not os.path.isdir(directory):
+        return None
+    try:
+        with tempfile.TemporaryFile(dir=directory) as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as error:
+        return error.errno
+    return None
+
+
+def _describe_errno(number: int, directory: str) -> str:
+    from seal.launch.memory_estimate import disk_size
+
+    cause = f"{os.strerror(number)} ({errno.errorcode.get(number, number)})"
+    with contextlib.suppress(OSError):
+        cause += f", {disk_size(shutil.disk_usage(directory).free)} free there"
+    return cause
+
+
+def _is_latest(step_dir: str) -> bool:
+    """Whether verl's tracker already names ``step_dir`` the resume point."""
+    tracker = os.path.join(os.path.dirname(step_dir), "latest_checkpointed_iteration.txt")
+    with contextlib.suppress(OSError):
+        with open(tracker) as f:
+            return os.path.basename(step_dir) == f"global_step_{f.read().strip()}"
+    return False
 
 
 # ---- batch views ---------------------------------------------------------------------------------

@@ -188,6 +188,7 @@ def test_dry_run_prints_the_estimate(monkeypatch, capsys):
     from seal.launch import memory_estimate
 
     monkeypatch.setattr(launch, "preflight", lambda config: [])  # no GPUs here: the node checks would refuse
+    monkeypatch.setattr(launch, "check_inputs", lambda config: None)  # nor the hub model offline, uncached
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
     assert launch.main(["--conf", SEAL, "--dry-run"]) == 0
     out = capsys.readouterr().out

@@ -294,7 +294,10 @@ def test_ood_tasks_are_refused_for_training(env, tmp_path):
 
     from seal.launch import _check_data
 
-    rows = [{"extra_info": {"task_id": t, "split": "train"}} for t in ("multi_turn_base_0", "memory_kv_0-customer-0")]
+    rows = [
+        {"prompt": [{"role": "user", "content": t}], "extra_info": {"task_id": t, "split": "train"}}
+        for t in ("multi_turn_base_0", "memory_kv_0-customer-0")
+    ]
     path = str(tmp_path / "train.parquet")
     pq.write_table(pa.Table.from_pylist(rows), path)
     problems = []

@@ -175,15 +175,16 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
     one must join (same keys, log-probs), the step completes, failures are counted, validation reports them apart."""
     import pandas as pd
 
-    def with_unknown_task(src: str, dst: Path) -> str:
+    def with_unknown_task(src: str, dst: Path, ghost_id: str) -> str:
         data = pd.read_parquet(REPO / "data" / src).head(1)
         ghost = data.iloc[0].copy()
-        ghost["extra_info"] = {**ghost["extra_info"], "task_id": "multi_turn_base_999999", "index": "ghost"}
+        ghost["extra_info"] = {**ghost["extra_info"], "task_id": ghost_id, "index": "ghost"}
         pd.concat([data, ghost.to_frame().T], ignore_index=True).to_parquet(dst)
         return str(dst)
 
-    train = with_unknown_task("cpu_tiny_train.parquet", tmp_path / "train.parquet")
-    val = with_unknown_task("cpu_tiny_heldout.parquet", tmp_path / "val.parquet")
+    # two ghosts: preflight refuses a task both trained on and validated
+    train = with_unknown_task("cpu_tiny_train.parquet", tmp_path / "train.parquet", "multi_turn_base_999998")
+    val = with_unknown_task("cpu_tiny_heldout.parquet", tmp_path / "val.parquet", "multi_turn_base_999999")
     proc = launch(
         tmp_path,
         f"data.train_files={train}",

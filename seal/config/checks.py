@@ -16,6 +16,7 @@ Each problem is one line naming the key, what it must be, and what was given.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -38,13 +39,17 @@ SEAL_RULES: dict[str, tuple[Any, str]] = {
 }
 
 
+def verl_config_dir() -> Path:
+    """verl's trainer config folder, found without importing verl (its import loads torch: seconds that a recipe
+    refused for bad input should not wait)."""
+    return Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "config"
+
+
 @functools.cache
 def _reference_leaves() -> dict[str, tuple[Any, bool]]:
     """(default value, whether an integer default means integers only) of every key: verl's generated trainer
     config, then seal's defaults (read, not resolved)."""
-    import verl.trainer.config as verl_config
-
-    verl_defaults = Path(verl_config.__file__).resolve().parent / "_generated_ppo_trainer.yaml"
+    verl_defaults = verl_config_dir() / "_generated_ppo_trainer.yaml"
     leaves: dict[str, tuple[Any, bool]] = {}
     for path, ours in ((verl_defaults, False), (SEAL_DEFAULTS, True)):
         found: dict[str, Any] = {}

@@ -5,7 +5,9 @@
 A recipe in ``exp/`` is a Hydra config whose defaults are verl's ``ppo_trainer`` and ``seal_defaults``; the
 search path for both is supplied here, so recipes can include one another (``defaults: [SEAL, _self_]``).
 Preflight turns the usual first-run failures (no GPU, a missing model or data file, an unreachable service,
-lengths that cannot fit) into one clear message before Ray and verl start.
+lengths that cannot fit, a disk too small for the checkpoints) into one clear message before Ray and verl start;
+the recipe's YAML, values, model, data files and checkpoint disk are checked first, before anything is built from
+them or torch is imported. A run that stops for a cause one line can say (a checkpoint that cannot be written) exits 1 with it.
 """
 
 from __future__ import annotations
@@ -13,16 +15,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import threading
 import time
 from pathlib import Path
 
+import yaml
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config,pkg://seal.config]"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENT_LOOPS_YAML = Path(__file__).resolve().parents[1] / "config" / "agent_loops.yaml"
 AGENT_LOOP_MANAGER = "seal.env_failures.SealAgentLoopManager"
@@ -33,17 +36,30 @@ class PreflightError(ValueError):
 
 
 class RunStopped(RuntimeError):
-    """The run stopped itself because the environment failed; the message is the one line that says so."""
+    """A run that stopped for a cause its one-line message names."""
 
 
 def compose_recipe(conf: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
+    from seal.config.checks import verl_config_dir
+
     path = Path(conf)
     if not path.is_file():
         raise PreflightError(f"recipe {conf!r} not found (recipes live in exp/, e.g. exp/SEAL.yaml)")
-    with initialize_config_dir(config_dir=str(path.resolve().parent), version_base=None):
-        return compose(config_name=path.stem, overrides=[SEARCHPATH, *overrides])
+    searchpath = f"hydra.searchpath=[file://{verl_config_dir()},pkg://seal.config]"
+    try:
+        with initialize_config_dir(config_dir=str(path.resolve().parent), version_base=None):
+            return compose(config_name=path.stem, overrides=[searchpath, *overrides])
+    except yaml.YAMLError as exc:  # the recipe or one it includes
+        raise PreflightError(f"recipe {_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "(position unknown)"
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    return f"{where}: not valid YAML: {problem}"
 
 
 # ---- preflight ------------------------------------------------------------------------------------
@@ -59,6 +75,17 @@ def check_values(config: DictConfig) -> None:
         raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
 
 
+def check_inputs(config: DictConfig) -> None:
+    """The recipe's model and data files and the disk for its checkpoints, right after its values are checked:
+    before anything is built from them or torch is imported (a typo or a bad file is refused in a second or two)."""
+    problems: list[str] = []
+    _check_model(config, problems, [])
+    _check_data(config, problems)
+    _check_checkpoint_disk(config, problems)
+    if problems:
+        raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
+
+
 def preflight(config: DictConfig) -> list[str]:
     """Raise ``PreflightError`` listing every problem found; return warnings."""
     check_values(config)
@@ -69,6 +96,7 @@ def preflight(config: DictConfig) -> list[str]:
     _check_padding_removal(config, problems)
     _check_model(config, problems, warnings)
     _check_data(config, problems)
+    _check_checkpoint_disk(config, problems)
     _check_lengths(config, problems)
     if config.seal.preflight.prompt_budget:
         _check_prompt_budget(config, problems)
@@ -160,42 +188,108 @@ def _check_model(config, problems, warnings):
         if not (Path(model) / "config.json").exists():
             problems.append(f"model.path {model!r} is a directory without config.json (not a Hugging Face model)")
         return
+    if _built_by_prepare(config, model):
+        return
     if model.startswith((".", "/")) or os.sep in model.strip("/").split("/", 1)[-1]:
         problems.append(f"model.path {model!r} does not exist")
         return
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        problems.append(f"model.path {model!r} is a hub id but HF_HUB_OFFLINE=1; point it at a local checkpoint")
+    from huggingface_hub import constants
+
+    if _in_hub_cache(model):
+        return
+    if constants.HF_HUB_OFFLINE:  # nothing may download it: say so now, not after the hub client's retries
+        problems.append(
+            f"model.path {model!r} is neither a local directory nor in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1: check the id's spelling or point it at a local checkpoint"
+        )
     else:
-        warnings.append(f"model.path {model!r} is a hub id: it will be downloaded (or read from the HF cache)")
+        warnings.append(f"model.path {model!r} is a hub id not in the Hugging Face cache: it will be downloaded")
+
+
+def _built_by_prepare(config, model: str) -> bool:
+    """The CPU recipes' tiny model: ``prepare`` builds it offline at ``seal.tiny_model.out_dir``."""
+    tiny = config.seal.get("tiny_model")
+    return bool(tiny and tiny.get("build")) and Path(model).resolve() == Path(str(tiny.out_dir)).resolve()
+
+
+def _in_hub_cache(model: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(model, "config.json"), str)
+    except ValueError:  # not a valid hub id either
+        return False
 
 
 def _check_data(config, problems):
+    """Every data file readable, with rows and a task id in each; evaluate-only tasks in none of them; and, when
+    the run trains, no task both trained on and held out."""
+    from seal.launch.prompt_budget import DataFileError, task_rows
+
+    task_ids: dict[str, list[str]] = {}
     for key in ("train_files", "val_files"):
+        task_ids[key] = []
         for f in _as_list(config.data[key]):
             if not Path(f).exists():
                 problems.append(
                     f"data.{key}: {f!r} not found from {os.getcwd()} (relative paths are taken from the current "
                     "directory: launch from the repository root, or regenerate with `python scripts/make_split.py`)"
                 )
-            else:
-                _refuse_ood_tasks(f"data.{key}", f, problems)
+                continue
+            try:
+                ids = [row["task_id"] for row in task_rows(f, str(config.data.get("prompt_key") or "prompt"))]
+            except DataFileError as exc:
+                problems.append(f"data.{key}: {exc}")
+                continue
+            _refuse_ood_tasks(f"data.{key}", f, ids, problems)
+            task_ids[key] += ids
+    trainer = config.get("trainer") or {}
+    if not trainer.get("val_only"):  # an evaluation trains nothing: any task may be validated
+        validated = task_ids["val_files"] if _validates(trainer) else []  # a run that never validates: unused
+        _refuse_contamination(task_ids["train_files"], validated, problems)
 
 
-def _refuse_ood_tasks(key: str, path: str, problems: list[str]) -> None:
+def _validates(trainer) -> bool:
+    return bool(trainer.get("val_before_train")) or int(trainer.get("test_freq") or 0) > 0
+
+
+def _refuse_ood_tasks(key: str, path: str, task_ids: list[str], problems: list[str]) -> None:
     """The out-of-distribution tasks (bfcl's memory / web-search categories) are evaluate-only: never in a run's data."""
     from env_service.ood_tasks import is_ood_task
-    from seal.launch.prompt_budget import run_episodes
 
-    try:
-        ood = [task_id for task_id, _ in run_episodes([path]) if is_ood_task(task_id)]
-    except Exception:  # noqa: BLE001 - not a dataset this check can read; the run's own loading will say why
-        return
+    ood = list(dict.fromkeys(task_id for task_id in task_ids if is_ood_task(task_id)))
     if ood:
         problems.append(
-            f"{key}: {path!r} holds {len(ood)} out-of-distribution task(s) ({', '.join(ood[:3])}"
-            f"{', ...' if len(ood) > 3 else ''}): bfcl's memory and web-search categories are evaluate-only, never "
-            "trained or validated on; evaluate them with `python -m seal.eval endpoint --categories ...`"
+            f"{key}: {path!r} holds {_some(ood)} out-of-distribution task(s): bfcl's memory and web-search "
+            "categories are evaluate-only, never trained or validated on; evaluate them with "
+            "`python -m seal.eval endpoint --categories ...`"
         )
+
+
+def _refuse_contamination(train: list[str], val: list[str], problems: list[str]) -> None:
+    """A task trained on is never scored as held out: not one of the held-out split, not one of the validation files."""
+    from env_service.tasks import task_ids
+
+    heldout = set(task_ids("heldout"))
+    validated = set(val)
+    in_heldout = [task_id for task_id in dict.fromkeys(train) if task_id in heldout]
+    in_val = [task_id for task_id in dict.fromkeys(train) if task_id in validated and task_id not in heldout]
+    if in_heldout:
+        problems.append(
+            f"data.train_files hold {_some(in_heldout)} task(s) of the held-out split (env_service.tasks, the "
+            "released 400/400 split): held-out tasks are for validation and evaluation only; remove them"
+        )
+    if in_val:
+        problems.append(
+            f"data.train_files and data.val_files share {_some(in_val)} task(s): validation would score tasks the "
+            "policy trains on; keep the two files disjoint"
+        )
+
+
+def _some(ids: list[str], shown: int = 3) -> str:
+    """``3 (a, b, c)`` or ``12 (a, b, c and 9 more)``: a count and the first few ids."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return f"{len(ids)} ({', '.join(ids[:shown])}{more})"
 
 
 def _check_lengths(config, problems):
@@ -234,6 +328,8 @@ def _check_prompt_budget(config, problems):
     except EnvServiceError as exc:
         problems.append(f"the environment service cannot start an episode of the recipe's data: {exc.message}")
         return
+    except prompt_budget.DataFileError:
+        return  # _check_data names the file and what is wrong with it
     except ValueError as exc:  # env_service.bfcl refused by the environment's config validation
         problems.append(f"env_service.bfcl: {exc}")
         return
@@ -246,7 +342,7 @@ def _check_prompt_budget(config, problems):
 
 
 def _as_list(files):
-    return [files] if isinstance(files, str) else list(files)
+    return list(files) if OmegaConf.is_list(files) or isinstance(files, (list, tuple)) else [str(files)]
 
 
 def _check_batching(config, problems):
@@ -262,6 +358,29 @@ def _check_batching(config, problems):
         problems.append(f"data.train_batch_size ({batch}) must be divisible by actor.ppo_mini_batch_size ({mini})")
     if config.algorithm.adv_estimator == "grpo" and n < 2:
         problems.append("GRPO needs rollout.n >= 2 (advantages are relative within a group)")
+
+
+def _check_checkpoint_disk(config, problems):
+    """The checkpoints the recipe keeps fit in the free space at ``trainer.default_local_dir`` (what is already
+    there counts: a resumed run's checkpoints are among those it keeps)."""
+    from seal.launch.memory_estimate import checkpoint_disk, disk_size
+
+    disk = checkpoint_disk(config)
+    if disk is None or not disk.total_bytes:
+        return  # a model of unknown size (not estimated), or a recipe that writes no checkpoint
+    root = Path(str(config.trainer.default_local_dir)).absolute()
+    existing = root
+    while not existing.exists():
+        existing = existing.parent
+    present = sum(  # not through links: the `best` link is a checkpoint counted once
+        os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(root) for name in names
+    )
+    free = shutil.disk_usage(existing).free
+    if disk.total_bytes - present > free:
+        problems.append(
+            f"trainer.default_local_dir {str(root)!r}: the run keeps {disk.describe()} but {disk_size(free)} is free "
+            "there: free space or point trainer.default_local_dir at a larger disk (docs/gpu.md, disk)"
+        )
 
 
 def _check_checkpoints(config, problems):
@@ -475,12 +594,14 @@ def train(config: DictConfig) -> None:
     import ray
     from verl.trainer.main_ppo import run_ppo
 
-    from seal.trainer import make_task_runner
+    from seal.trainer import CheckpointSaveError, make_task_runner
 
     OmegaConf.set_struct(config, False)
     config.ray_kwargs.ray_init.runtime_env = ray_runtime_env(config, env_vars)
     try:
         run_ppo(config, task_runner_class=make_task_runner())
+    except CheckpointSaveError as exc:  # raised in Ray's task runner: Ray's error is an instance of it too
+        raise RunStopped(str(getattr(exc, "cause", exc))) from None
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -538,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = compose_recipe(args.conf, args.overrides)
         check_values(config)  # before prepare() builds anything from the values
+        check_inputs(config)
         config = prepare(config)
         for warning in preflight(config):
             print(f"[seal] warning: {warning}")

@@ -434,3 +434,91 @@ def _visible_gpu_bytes() -> float | None:
     except Exception:
         return None
     return None
+
+
+# ---- disk ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointDisk:
+    """Disk a recipe's checkpoints take at their peak under ``trainer.default_local_dir``."""
+
+    parameters: int
+    checkpoint_bytes: int  # one step checkpoint: what actor.checkpoint.save_contents names
+    at_once: int  # step checkpoints on disk at once, at most
+    export_bytes: int  # the best checkpoint's Hugging Face export at the end (0: none)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.at_once * self.checkpoint_bytes + self.export_bytes
+
+    def describe(self) -> str:
+        export = f" + a Hugging Face export of {disk_size(self.export_bytes)}" if self.export_bytes else ""
+        return (
+            f"{self.at_once} checkpoint(s) of {disk_size(self.checkpoint_bytes)} ({_count(self.parameters)} "
+            f"parameters){export} = {disk_size(self.total_bytes)}"
+        )
+
+
+def _count(parameters: int) -> str:
+    return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:.2f}M"
+
+
+def disk_size(n_bytes: float) -> str:
+    """GiB, or MiB below one GiB (the CPU recipes' tiny models)."""
+    return _gib(n_bytes) if n_bytes >= GIB else f"{n_bytes / 1024**2:.1f} MiB"
+
+
+def checkpoint_disk(config) -> CheckpointDisk | None:
+    """The peak disk use of the recipe's checkpoints; None when the model's size is unknown (see ``estimate``).
+
+    Per parameter, a checkpoint holds the actor's weights in its ``model_dtype`` (``model``), Adam's two fp32
+    moments (``optimizer``) and a Hugging Face copy (``hf_model``); ``extra`` (scheduler, RNG) is negligible.
+    """
+    aro = config.actor_rollout_ref
+    found = model_shape(str(aro.model.path))
+    if found is None:
+        return None
+    params = found[0].parameters
+    weight_bytes = DTYPE_BYTES[str(aro.actor.fsdp_config.get("model_dtype") or "fp32")]
+    contents = set(aro.actor.checkpoint.get("save_contents") or ())
+    per_parameter = weight_bytes * (("model" in contents) + ("hf_model" in contents)) + ADAM_STATE_BYTES * (
+        "optimizer" in contents
+    )
+    best = config.seal.checkpoint
+    exported = bool(best.save_best and best.export_hf)
+    return CheckpointDisk(
+        parameters=params,
+        checkpoint_bytes=params * per_parameter,
+        at_once=checkpoints_at_once(config),
+        export_bytes=params * weight_bytes if exported else 0,
+    )
+
+
+def checkpoints_at_once(config) -> int:
+    """Step checkpoints on disk at once, at most. With ``keep_only_best`` every save prunes to the best and the
+    latest (``seal.validation.BestCheckpoint.prune``), after the new one is written: 3 while periodic saves
+    (``trainer.save_freq``) write next to a best that is not the latest, 2 when only a new best is saved. verl's
+    ``max_actor_ckpt_to_keep`` removes old ones before it writes; otherwise every save stays. An evaluation
+    (``trainer.val_only``) writes none."""
+    trainer, best = config.trainer, config.seal.checkpoint
+    periodic = int(trainer.save_freq or 0) > 0
+    if trainer.get("val_only") or (not periodic and not best.save_best):
+        return 0
+    if best.save_best and best.keep_only_best:
+        return 3 if periodic else 2
+    if trainer.get("max_actor_ckpt_to_keep"):
+        return int(trainer.max_actor_ckpt_to_keep)
+    steps = _training_steps(config)
+    saves = math.ceil(steps / int(trainer.save_freq)) if periodic else 0
+    if best.save_best and int(trainer.test_freq or 0) > 0:
+        saves += math.ceil(steps / int(trainer.test_freq))
+    return max(saves, 1)
+
+
+def _training_steps(config) -> int:
+    steps = config.trainer.get("total_training_steps")
+    if steps:
+        return int(steps)
+    per_epoch = data_rows(config.data.train_files) // int(config.data.train_batch_size)
+    return max(per_epoch, 1) * int(config.trainer.total_epochs)

@@ -175,13 +175,48 @@ def _longest_per_mode(prompts, count) -> dict[str, tuple[int, str, str]]:
     return best
 
 
+class DataFileError(ValueError):
+    """A data file no run can use; the message names the file (and the row) and what is wrong."""
+
+
+def task_rows(path: str, prompt_key: str = "prompt") -> list[dict]:
+    """The ``extra_info`` of every row of a recipe's data file, each with a task id: what the agent loop reads
+    (``extra_info.task_id``, ``extra_info.split``) and what verl's dataset reads (``prompt_key``) must be there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+        missing = [column for column in ("extra_info", prompt_key) if column not in names]
+        table = None if missing else pq.read_table(path, columns=["extra_info"])
+    except (pa.ArrowException, OSError) as exc:
+        raise DataFileError(f"{path!r} is not a readable parquet file ({_one_line(exc)})") from None
+    if missing:
+        raise DataFileError(
+            f"{path!r} has no {' or '.join(missing)} column (it has {names}); a run's rows carry the prompt in "
+            f"{prompt_key!r} and the task in extra_info.task_id, as scripts/make_split.py writes them"
+        )
+    if table.num_rows == 0:
+        raise DataFileError(f"{path!r} has no rows")
+    rows = table.column("extra_info").to_pylist()
+    for row, extra in enumerate(rows):
+        task_id = extra.get("task_id") if isinstance(extra, dict) else None
+        if not isinstance(task_id, str) or not task_id:
+            raise DataFileError(
+                f"{path!r} row {row} (counting from 0): extra_info.task_id is {task_id!r}, expected a task id like 'multi_turn_base_0'"
+            )
+    return rows
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
 def run_episodes(data_files) -> list[tuple[str, str]]:
     """``(task_id, mode)`` for every row of the recipe's data files, with the mode the agent loop will use
     (train rows run in train mode, every other row in validate mode)."""
-    import pyarrow.parquet as pq
-
     episodes = []
     for path in data_files:
-        for extra in pq.read_table(path, columns=["extra_info"]).column("extra_info").to_pylist():
+        for extra in task_rows(path):
             episodes.append((extra["task_id"], mode_for_split(extra.get("split"))))
     return list(dict.fromkeys(episodes))
