@@ -11,7 +11,9 @@ Token discipline:
 - a generation cut by the length limit is closed with the end-of-turn token (``seal.rollout.end_of_turn_token``)
   *inserted* with mask 0, so the context stays well-formed and no token the model did not generate is trained on;
 - all turns of an episode carry one request id, so verl's load balancer keeps them on the server whose prefix
-  cache holds the context.
+  cache holds the context;
+- a training sample carries a seed from its step (``seal/resume.py``); each model call samples with its own seed
+  drawn from it, so a resumed step does not replay the draws of the run's first steps.
 
 At the end the service's verdict is the reward and the trajectory carries its diagnosis (category, progress
 tags, paper labels, number of model calls, termination reason) into the batch as ``seal_*`` extra fields.

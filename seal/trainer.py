@@ -17,6 +17,8 @@ Around the step: its training metrics on disk before its validation (``_write_st
 metrics over the episodes the environment could run (``_val_metrics_update``),
 best-checkpoint selection by the four-category average, capability state in checkpoints,
 per-epoch diagnostic dumps, the failure profile pushed to the environment service, HF export at the end.
+A resume (``_load_checkpoint``) continues as the uninterrupted run would have (docs/resume.md): capability state,
+the epoch's data order, metric files cut back to the step, the failure profile sent before the first rollout.
 """
 
 from __future__ import annotations

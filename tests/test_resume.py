@@ -106,7 +106,9 @@ def test_a_resume_truncates_the_metric_files_to_its_step(tmp_path):
     write_metrics(tmp_path / "metrics_20260101-000000.jsonl", [0, 1, 2, 3, 4], torn=True)
     write_metrics(tmp_path / "metrics_20260101-010000.jsonl", [])  # the resumed launch's own, still empty
     rewritten = truncate_metric_files(str(tmp_path), 2)
-    assert sorted(rewritten) == sorted(str(tmp_path / n) for n in ("metrics_steps.jsonl", "metrics_20260101-000000.jsonl"))
+    assert sorted(rewritten) == sorted(
+        str(tmp_path / n) for n in ("metrics_steps.jsonl", "metrics_20260101-000000.jsonl")
+    )
     for name, steps in (("metrics_steps.jsonl", [1, 2]), ("metrics_20260101-000000.jsonl", [0, 1, 2])):
         assert [json.loads(line)["step"] for line in (tmp_path / name).read_text().splitlines()] == steps
     assert truncate_metric_files(str(tmp_path), 2) == []
