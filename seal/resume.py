@@ -38,17 +38,19 @@ def derive_seed(*parts: int) -> int:
 class EpochShuffleSampler(Sampler[int]):
     """Shuffles each epoch with a permutation drawn from ``(seed, epoch)`` alone.
 
-    Each iteration walks the next epoch. torchdata's ``StatefulDataLoader`` saves ``state_dict`` (the epoch being
-    walked and how far) in verl's checkpoint and, on a mid-epoch resume, restores it before it iterates again;
-    ``set_epoch`` is for a resume at an epoch boundary, where verl restores nothing.
+    An epoch counts as walked when its last index has been handed out: the dataloader may make iterators it never
+    uses (torch's multi-worker iterator makes two per epoch), and those change nothing. torchdata's
+    ``StatefulDataLoader`` saves ``state_dict`` (the epoch being walked and how far) in verl's checkpoint and, on a
+    mid-epoch resume, restores it before it iterates again; ``set_epoch`` is for a resume at an epoch boundary,
+    where verl restores nothing.
     """
 
     def __init__(self, data_source, seed: int):
         self.size = len(data_source)
         self.seed = int(seed)
-        self.epoch = 0  # the epoch the next iteration walks
+        self.epoch = 0  # the epoch the next walk takes
         self.start = 0  # and where in it (a restored position)
-        self.position = [0, 0]  # [epoch, indices yielded] of the current iteration
+        self.position = [0, 0]  # [epoch, indices handed out] of the current walk
 
     def __len__(self) -> int:
         return self.size
@@ -61,16 +63,16 @@ class EpochShuffleSampler(Sampler[int]):
         self.epoch, self.start = int(epoch), 0
 
     def __iter__(self):
-        epoch, start = self.epoch, self.start
-        self.epoch, self.start = epoch + 1, 0
-        self.position = [epoch, start]
-        return self._walk(self.order(epoch)[start:], self.position)
+        return self._walk()
 
-    @staticmethod
-    def _walk(indices: list[int], position: list[int]):
-        for index in indices:
-            position[1] += 1  # counted before it is handed out: a saved state never replays an index
+    def _walk(self):
+        # a generator: nothing below runs before the dataloader asks for the first index
+        epoch, start = self.epoch, self.start
+        self.position = [epoch, start]
+        for index in self.order(epoch)[start:]:
+            self.position[1] += 1  # counted before it is handed out: a saved state never replays an index
             yield index
+        self.epoch, self.start = epoch + 1, 0
 
     def state_dict(self) -> dict:
         return {"epoch": self.position[0], "yielded": self.position[1]}

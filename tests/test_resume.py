@@ -46,18 +46,22 @@ def resumed(global_steps: int, saved_state: dict, num_workers: int = 0) -> State
     return dataloader
 
 
-def test_epochs_are_shuffled_differently():
-    orders = epochs(loader(), 3)
-    assert all(sorted(order) == TASKS for order in orders)
-    assert len({tuple(order) for order in orders}) > 1
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_each_epoch_is_shuffled_by_its_number(num_workers):
+    """Epoch e walks the order of (seed, e) whichever way the dataloader makes its iterators."""
+    dataloader = loader(num_workers)
+    orders = epochs(dataloader, 3)
+    assert orders == [dataloader.sampler.order(epoch) for epoch in range(3)]
+    assert all(sorted(order) == TASKS for order in orders) and len({tuple(order) for order in orders}) > 1
 
 
-def test_a_resume_at_an_epoch_boundary_walks_the_next_epochs_order():
-    uninterrupted = epochs(loader(), 3)
-    killed = loader()
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_resume_at_an_epoch_boundary_walks_the_next_epochs_order(num_workers):
+    uninterrupted = epochs(loader(num_workers), 3)
+    killed = loader(num_workers)
     epochs(killed, 1)  # the run is killed right after the checkpoint at the end of epoch 0
     state = killed.state_dict()
-    assert epochs(resumed(len(TASKS), state), 2) == uninterrupted[1:]
+    assert epochs(resumed(len(TASKS), state, num_workers), 2) == uninterrupted[1:]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
