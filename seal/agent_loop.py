@@ -11,7 +11,9 @@ Token discipline:
 - a generation cut by the length limit is closed with the end-of-turn token (``seal.rollout.end_of_turn_token``)
   *inserted* with mask 0, so the context stays well-formed and no token the model did not generate is trained on;
 - all turns of an episode carry one request id, so verl's load balancer keeps them on the server whose prefix
-  cache holds the context.
+  cache holds the context;
+- a training sample carries a seed from its step (``seal/resume.py``); each model call samples with its own seed
+  drawn from it, so a resumed step does not replay the draws of the run's first steps.
 
 At the end the service's verdict is the reward and the trajectory carries its diagnosis (category, progress
 tags, paper labels, number of model calls, termination reason) into the batch as ``seal_*`` extra fields.
@@ -39,6 +41,7 @@ from env_service.client import EnvServiceError, make_client
 from env_service.vocabulary import mode_for_split, task_category
 from seal.env_failures import FAILED_KEY
 from seal.launch.env_services import service_for_this_node
+from seal.resume import SEED_FIELD, call_seed
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ class Trajectory:
     steps: list[tuple[str, dict]] = field(default_factory=list)  # (assistant text, env step reply) per call
     # One id for every turn: verl's load balancer keeps an id on one server, whose prefix cache holds the context.
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    seed: int | None = None  # the sample's seed (training: from the step, ``seal/resume.py``); None: the server's
 
     @property
     def response_len(self) -> int:
@@ -123,9 +127,10 @@ class BfclAgentLoop(AgentLoopBase):
         metrics: dict[str, Any] = {}
         want_logprobs = bool(sampling_params.get("logprobs"))
         last_error = None
+        seed = kwargs.get(SEED_FIELD)
         for attempt in range(self.episode_retries + 1):
             try:
-                return await self._run_episode(task_id, mode, sampling_params, metrics, want_logprobs)
+                return await self._run_episode(task_id, mode, sampling_params, metrics, want_logprobs, seed)
             except PromptTooLong as exc:
                 logger.error("episode %s cannot start: %s", task_id, exc)
                 return self._failed_output(task_id, extra, str(exc), metrics, want_logprobs)
@@ -140,12 +145,13 @@ class BfclAgentLoop(AgentLoopBase):
     # ---- one episode -------------------------------------------------------------------------------
 
     async def _run_episode(
-        self, task_id: str, mode: str, sampling_params: dict, metrics: dict, want_logprobs: bool
+        self, task_id: str, mode: str, sampling_params: dict, metrics: dict, want_logprobs: bool, seed: int | None
     ) -> AgentLoopOutput:
         created = await self._env_call(self.env.create, task_id, mode, self.env_params)
         instance_id = created["instance_id"]
         try:
             traj = await self._start(created["messages"])
+            traj.seed = seed
             await self._interact(traj, instance_id, sampling_params, metrics)
             evaluation = await self._env_call(self.env.evaluate, instance_id, self.reward_params, True)
         except BaseException:
@@ -188,6 +194,9 @@ class BfclAgentLoop(AgentLoopBase):
 
     async def _generate(self, traj: Trajectory, sampling_params: dict, metrics: dict) -> str:
         params = {**sampling_params, "max_tokens": self.max_tokens_per_call}
+        seed = call_seed(traj.seed, traj.model_calls)
+        if seed is not None:  # each call its own draw; the same (step, sample, call) draws the same in any run
+            params["seed"] = seed
         with _timer(metrics, "generate_sequences"):
             output = await self.server_manager.generate(
                 request_id=traj.request_id, prompt_ids=traj.token_ids, sampling_params=params

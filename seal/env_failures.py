@@ -27,6 +27,8 @@ import torch
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
+from seal.resume import seed_samples
+
 #: ``reward_extra_info`` key the agent loop sets to 1.0 on a failed episode (it reaches validation per sample).
 FAILED_KEY = "env_failed"
 
@@ -122,9 +124,13 @@ def split_validation_failures(data_sources, sample_uids, infos: dict, sample_tur
 
 
 class SealAgentLoopManager(AgentLoopManager):
-    """verl's agent-loop manager; a training batch in which every episode failed trains nothing, as a no-op."""
+    """verl's agent-loop manager; a training batch in which every episode failed trains nothing, as a no-op.
+    Training samples get their seeds from the step here, before verl splits the batch among its workers
+    (``seal/resume.py``, ``seal.rollout.step_seeds``)."""
 
     def generate_sequences(self, prompts):
+        if not prompts.meta_info.get("validate") and self.config.seal.rollout.step_seeds:
+            seed_samples(prompts, int(self.config.actor_rollout_ref.rollout.seed))
         output = super().generate_sequences(prompts)  # verl's auto_await runs it to completion here
         if not prompts.meta_info.get("validate") and failed_mask(output).all():
             # verl's rollout correction (IS weights, mismatch metrics) needs one trained token; with none, the

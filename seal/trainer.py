@@ -17,6 +17,8 @@ Around the step: its training metrics on disk before its validation (``_write_st
 metrics over the episodes the environment could run (``_val_metrics_update``),
 best-checkpoint selection by the four-category average, capability state in checkpoints,
 per-epoch diagnostic dumps, the failure profile pushed to the environment service, HF export at the end.
+A resume (``_load_checkpoint``) continues as the uninterrupted run would have (docs/resume.md): capability state,
+the epoch's data order, metric files cut back to the step, the failure profile sent before the first rollout.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from seal.diagnostics import DiagnosticStats
 from seal.env_failures import regroup_without_failed, split_validation_failures, stop_if_environment_down
 from seal.launch.env_services import profile_client
 from seal.report.figures import run_figures
+from seal.resume import resume_data_order, train_sampler, truncate_metric_files
 from seal.validation import BestCheckpoint, category_average, validation_table
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class SealTrainer(RayPPOTrainer):
         self.best = BestCheckpoint(self.config)
         self.run_uid = uuid.uuid4().hex  # a resumed run takes its own back from the checkpoint
         self.best.bind_run(self.run_uid)
+        self.resumed_step: int | None = None  # the checkpoint's step, when this launch resumed one
         self.epoch_in_window: int | None = None
         debug = seal.get("debug", {})
         self.advantage_sign = int(debug.get("advantage_sign", 1))
@@ -174,7 +178,8 @@ class SealTrainer(RayPPOTrainer):
         print(table)
         with open(os.path.join(self._run_dir(), "validation_table.txt"), "w") as f:  # the latest, per category
             f.write(table + "\n")
-        metrics.update(self.best.observe(self, metrics))
+        # a resume validates its checkpoint again: reported, but the uninterrupted run never ran it, so it picks no best
+        metrics.update(self.best.observe(self, metrics, revalidation=self.global_steps == self.resumed_step))
         return metrics
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns):
@@ -212,19 +217,30 @@ class SealTrainer(RayPPOTrainer):
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
-        if self.global_steps > 0:  # resumed: the capability state continues exactly where the run stopped
-            path = self._checkpoint_state_path()
-            if os.path.exists(path):
-                with open(path) as f:
-                    saved = json.load(f)
-                self.state.load_state_dict(saved["state"])
-                self.epoch_in_window = saved["epoch_in_window"]
-                if "diagnostics_window" in saved:  # checkpoints written before it was saved have only the state
-                    self.stats.load_window_state(saved["diagnostics_window"])
-                self.run_uid = saved.get("run_uid", self.run_uid)
-                self.best.bind_run(self.run_uid)
-                print(f"[seal] restored capability state from {path}")
+        if self.global_steps > 0:  # resumed: continue as the uninterrupted run would have
+            self.resumed_step = self.global_steps
+            self._restore_capability_state()
+            resume_data_order(self.train_dataloader, self.global_steps)
+            for path in truncate_metric_files(self._run_dir(), self.global_steps):
+                print(f"[seal] resumed at step {self.global_steps}: dropped the later steps from {path}")
+            if self.diagnosis_enabled and self.config.env_service.bfcl.capability_cues.enable:
+                self._push_failure_profile()  # the service is new: the first resumed rollout gets the run's cues
         return result
+
+    def _restore_capability_state(self) -> None:
+        """The capability state, diagnostics window and run identity continue exactly where the run stopped."""
+        path = self._checkpoint_state_path()
+        if not os.path.exists(path):
+            return
+        with open(path) as f:
+            saved = json.load(f)
+        self.state.load_state_dict(saved["state"])
+        self.epoch_in_window = saved["epoch_in_window"]
+        if "diagnostics_window" in saved:  # checkpoints written before it was saved have only the state
+            self.stats.load_window_state(saved["diagnostics_window"])
+        self.run_uid = saved.get("run_uid", self.run_uid)
+        self.best.bind_run(self.run_uid)
+        print(f"[seal] restored capability state from {path}")
 
     def fit(self):
         super().fit()
@@ -371,7 +387,7 @@ def make_task_runner():
         """Builds verl's workers and datasets exactly like verl's TaskRunner, with ``SealTrainer`` as the trainer."""
 
         def run(self, config):
-            from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
+            from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
             from verl.utils.config import omega_conf_to_dataclass, validate_config
             from verl.utils.dataset.rl_dataset import collate_fn
             from verl.workers.config import HFModelConfig
@@ -413,7 +429,7 @@ def make_task_runner():
                 train_dataset=train_dataset,
                 val_dataset=val_dataset,
                 collate_fn=collate_fn,
-                train_sampler=create_rl_sampler(config.data, train_dataset),
+                train_sampler=train_sampler(config.data, train_dataset),  # each epoch's order from (seed, epoch)
             )
             trainer.init_workers()
             trainer.fit()

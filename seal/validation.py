@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import uuid
 
 from env_service.files import atomic_write_json
 from env_service.vocabulary import CATEGORY_NAMES
@@ -68,6 +70,7 @@ class BestCheckpoint:
         self.root = config.trainer.default_local_dir
         self.record_path = os.path.join(self.root, "best_checkpoint.json")
         self.run_uid: str | None = None
+        self.launch_uid = uuid.uuid4().hex  # this launch of the run (a resume is a new launch of the same run)
         self.best: dict | None = None
 
     def bind_run(self, run_uid: str) -> None:
@@ -84,7 +87,12 @@ class BestCheckpoint:
             return True
         return value > self.best["metric_value"] if self.mode == "max" else value < self.best["metric_value"]
 
-    def observe(self, trainer, metrics: dict) -> dict:
+    def observe(self, trainer, metrics: dict, revalidation: bool = False) -> dict:
+        """Record this validation; it becomes the best when it is a candidate and improves on the best.
+
+        ``revalidation``: the validation a resumed run makes of its checkpoint's step before training on. The
+        uninterrupted run never made it, so it is never a candidate: the record keeps the validation it came from.
+        """
         if not self.enabled:
             return {}
         if self.metric not in metrics:
@@ -93,7 +101,7 @@ class BestCheckpoint:
                 f"seal.checkpoint.best_metric {self.metric!r} is not a validation metric; available: {available}"
             )
         value = float(metrics[self.metric])
-        candidate = trainer.global_steps > 0 or self.at_step0
+        candidate = (trainer.global_steps > 0 or self.at_step0) and not revalidation
         saved = candidate and self._improves(value)
         if saved:
             step_dir = os.path.join(self.root, f"global_step_{trainer.global_steps}")
@@ -105,6 +113,8 @@ class BestCheckpoint:
                 "metric_value": value,
                 "checkpoint_dir": os.path.abspath(step_dir),
                 "run_uid": self.run_uid,
+                # which validation: a resumed run validates its checkpoint's step again without replacing this
+                "validation": {"step": trainer.global_steps, "launch": self.launch_uid, "time": _utc_now()},
             }
             self._write_record()
             self.prune()
@@ -151,6 +161,10 @@ class BestCheckpoint:
                 "out — leave it null with seal.checkpoint.save_best (keep_only_best prunes on every save instead)"
             )
         export_hf(self.best["checkpoint_dir"])
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def export_hf(step_dir: str) -> str:

@@ -22,6 +22,7 @@ from env_service.client import EnvServiceError  # noqa: E402
 from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop  # noqa: E402
 from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
+from seal.resume import SEED_FIELD  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "multi_turn_miss_func_121"  # a short-schema train task (see scripts/make_split.py)
@@ -68,7 +69,7 @@ def make_loop(config, tokenizer, server) -> BfclAgentLoop:
     )
 
 
-def run_episode(config, tokenizer, server, split="train", temperature=1.0, task=TASK, prepare=None):
+def run_episode(config, tokenizer, server, split="train", temperature=1.0, task=TASK, prepare=None, fields=None):
     """Build the loop inside the event loop that runs it (verl's AgentLoopBase binds to the running loop)."""
     params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
     extra = {"task_id": task, "split": split, "category": task.split("_", 2)[2].rsplit("_", 1)[0]}
@@ -77,7 +78,7 @@ def run_episode(config, tokenizer, server, split="train", temperature=1.0, task=
         loop = make_loop(config, tokenizer, server)
         if prepare:
             prepare(loop)
-        return await loop.run(params, extra_info=extra, raw_prompt=[])
+        return await loop.run(params, extra_info=extra, raw_prompt=[], **(fields or {}))
 
     return asyncio.run(go())
 
@@ -260,3 +261,19 @@ def test_failing_environment_gives_a_failed_episode_kept_out_of_the_loss(tiny_di
     assert len(calls) == 2  # first try + one retry, then give up
     assert out.extra_fields["seal_failed"] is True and "service unavailable" in out.extra_fields["seal_error"]
     assert sum(out.response_mask) == 0 and out.reward_score == 0.0
+
+
+def test_a_seeded_sample_draws_the_same_in_any_run_and_another_seed_draws_anew(rollout, tokenizer):
+    """The seed the step gives a training sample reaches every model call: the same seed draws the same tokens
+    whatever the server drew before (a resumed step is not the server's first draws again), another seed draws
+    others."""
+    config = make_config(**{"seal.rollout.max_model_calls": 1})  # one call is enough to see the draws
+
+    def generations(seed):
+        server = RecordingServer(rollout[1].server)  # the same server, its own random stream moving on
+        run_episode(config, tokenizer, server, fields={SEED_FIELD: seed})
+        return server.generations
+
+    first = generations(7)
+    assert generations(7) == first
+    assert generations(8) != first

@@ -97,3 +97,26 @@ def test_the_best_link_is_never_missing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="simulated crash"):
         best.observe(trainer, {AVERAGE_KEY: 0.9})
     assert os.readlink(link) == "global_step_1"  # the previous best is still linked
+
+
+def test_a_resumes_revalidation_of_its_step_does_not_replace_the_best(tmp_path):
+    """A resume validates its checkpoint's step again (verl's validation before training): reported, but the
+    uninterrupted run never made that validation, so a higher score there does not move the best."""
+    run(tmp_path, {1: 0.5, 2: 0.2}, uid="run-a")
+    first = json.loads((tmp_path / "best_checkpoint.json").read_text())
+    assert first["validation"]["step"] == 1 and first["validation"]["launch"]
+
+    best = BestCheckpoint(make_config(tmp_path))
+    best.bind_run("run-a")
+    trainer = StandInTrainer(tmp_path, best)
+    trainer.global_steps = 2  # resumed at step 2, whose validation scored 0.2 before the crash
+    out = best.observe(trainer, {AVERAGE_KEY: 0.9}, revalidation=True)
+    assert out["best_checkpoint/saved"] == 0.0 and out["best_checkpoint/best_step"] == 1
+    assert json.loads((tmp_path / "best_checkpoint.json").read_text()) == first
+    assert os.readlink(tmp_path / "best") == "global_step_1"
+
+    trainer.global_steps = 3  # the resumed run's own validations are candidates as before
+    best.observe(trainer, {AVERAGE_KEY: 0.6})
+    record = json.loads((tmp_path / "best_checkpoint.json").read_text())
+    assert record["global_step"] == 3 and record["validation"]["step"] == 3
+    assert record["validation"]["launch"] != first["validation"]["launch"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from verl import DataProto
 
 from seal.apatch import apply_apatch
@@ -128,13 +129,40 @@ def test_a_training_step_past_the_failure_share_stops_the_run_naming_the_step():
 def test_a_step_where_every_episode_failed_still_runs(monkeypatch, failed, validate, kept):
     from verl.experimental.agent_loop import AgentLoopManager
 
-    from seal.env_failures import SealAgentLoopManager
-
     output = DataProto.from_dict(
         tensors={"rollout_log_probs": torch.zeros(len(failed), 3), "response_mask": torch.zeros(len(failed), 3)},
         non_tensors={"seal_failed": np.array(failed, dtype=object)},
     )
     monkeypatch.setattr(AgentLoopManager, "generate_sequences", lambda self, prompts: output)
     prompts = DataProto.from_dict(tensors={"x": torch.zeros(len(failed), 1)}, meta_info={"validate": validate})
-    result = SealAgentLoopManager.__new__(SealAgentLoopManager).generate_sequences(prompts)
+    result = bare_manager().generate_sequences(prompts)
     assert ("rollout_log_probs" in result.batch.keys()) is kept
+
+
+def bare_manager(step_seeds: bool = True):
+    """seal's manager without verl's workers (``generate_sequences`` of verl's is replaced in these tests)."""
+    from seal.env_failures import SealAgentLoopManager
+
+    manager = SealAgentLoopManager.__new__(SealAgentLoopManager)
+    manager.config = OmegaConf.create(
+        {"seal": {"rollout": {"step_seeds": step_seeds}}, "actor_rollout_ref": {"rollout": {"seed": 42}}}
+    )
+    return manager
+
+
+@pytest.mark.parametrize(
+    "validate, step_seeds, seeded", [(False, True, True), (True, True, False), (False, False, False)]
+)
+def test_training_samples_reach_the_workers_seeded_by_their_step(monkeypatch, validate, step_seeds, seeded):
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    from seal.resume import SEED_FIELD
+
+    seen = []
+    monkeypatch.setattr(AgentLoopManager, "generate_sequences", lambda self, prompts: seen.append(prompts) or prompts)
+    monkeypatch.setattr("seal.env_failures.failed_mask", lambda output: np.zeros(len(output), dtype=bool))
+    prompts = DataProto.from_dict(tensors={"x": torch.zeros(4, 1)}, meta_info={"validate": validate, "global_steps": 3})
+    bare_manager(step_seeds).generate_sequences(prompts)
+    assert (SEED_FIELD in seen[0].non_tensor_batch) is seeded
+    if seeded:
+        assert len(set(seen[0].non_tensor_batch[SEED_FIELD].tolist())) == 4

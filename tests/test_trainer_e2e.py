@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from processes import alive, kill_session, processes, service_and_workers, wait_for
 
+from env_service.interface import CUES_HEADER
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,80 +71,155 @@ def wait(proc: subprocess.Popen, timeout_s: float) -> int:
         pytest.fail(f"run did not finish within {timeout_s}s")
 
 
+#: The resume runs: 2 epochs of the 2 train tasks (batch 1: an epoch is 2 steps), a checkpoint every 2 steps,
+#: capability cues that a tiny model's failures trigger at once. data.seed 2: epoch 1 starts with the other task
+#: (with verl's sampler too), so a resume that walked epoch 0's order again would show.
+RESUME_RUN = (
+    "trainer.total_epochs=2",
+    "trainer.total_training_steps=4",
+    "trainer.save_freq=2",
+    "data.seed=2",
+    "env_service.bfcl.capability_cues.enable=true",
+    "env_service.bfcl.capability_cues.min_tag_count=1",
+    "env_service.bfcl.capability_cues.prevalence_threshold=0.0",
+)
+
+
+def logged_steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def rollouts(path: Path) -> list[dict]:
+    """verl's dump of a training step's samples (``trainer.rollout_data_dir``: input, output, gts per sample)."""
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    except (FileNotFoundError, ValueError):  # not written yet, or being written
+        return []
+
+
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
-    """Run A's launcher is killed (SIGKILL) right after its first checkpoint; run B, the same command, resumes it.
+    """Run A is killed (SIGKILL) in step 4, past the checkpoint of step 2 (the end of epoch 0) and after step 3
+    had been trained, logged and dumped: up to there it is the uninterrupted run. Run B, the same command,
+    resumes it from step 2 to step 4; its step 3 must be A's step 3.
 
-    The kill also checks that nothing of run A's environment outlives its launcher (the service, its workers, the
-    run's secret file)."""
+    The kill (of the launcher alone) also checks that nothing of run A's environment outlives it (the service, its
+    workers, the run's secret file)."""
     tmp = tmp_path_factory.mktemp("cpu_tiny")
-    ckpt = run_dirs(tmp)["ckpt"]
-    run_a = launch(tmp, log_name="run_a.log")
-    marker = ckpt / "global_step_1" / "seal_capability_state.json"
-    deadline = time.monotonic() + 900
-    while not marker.exists():
+    d = run_dirs(tmp)
+    step_3 = d["run"] / "rollout_log" / "3.jsonl"
+    run_a = launch(tmp, *RESUME_RUN, log_name="run_a.log")
+    deadline = time.monotonic() + 1200
+    while len(rollouts(step_3)) < 2:  # the step's 2 samples
         if run_a.poll() is not None:
-            pytest.fail(
-                f"run A exited ({run_a.returncode}) before its first checkpoint:\n{(tmp / 'run_a.log').read_text()[-4000:]}"
-            )
+            pytest.fail(f"run A exited ({run_a.returncode}) before step 3:\n{(tmp / 'run_a.log').read_text()[-4000:]}")
         if time.monotonic() > deadline:
             break
-        time.sleep(1)
-    assert marker.exists(), "no checkpoint after step 1"
-    time.sleep(2)  # let the checkpoint's remaining files land, then kill the launcher, and the launcher only
+        time.sleep(0.5)
     environment = service_and_workers(run_a.pid)
     os.kill(run_a.pid, signal.SIGKILL)
     run_a.wait()
     wait_for(lambda: not alive(environment), 30, f"run A's environment service and workers {alive(environment)} alive")
-    wait_for(lambda: not (run_dirs(tmp)["run"] / "env_service.secret").exists(), 5, "run A's secret file remains")
+    wait_for(lambda: not (d["run"] / "env_service.secret").exists(), 5, "run A's secret file remains")
     kill_session(run_a.pid)  # what else the run left (Ray's own processes): only this test's cluster
-    assert not (ckpt / "global_step_2").exists(), "run A got past step 1 before it was killed"
-    run_b = launch(tmp, log_name="run_b.log")
+    assert len(rollouts(step_3)) == 2, "run A did not reach step 3"
+    assert (d["ckpt"] / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    uninterrupted = {step: rollouts(d["run"] / "rollout_log" / f"{step}.jsonl") for step in (1, 2, 3)}
+    best_before = json.loads((d["ckpt"] / "best_checkpoint.json").read_text())
+    run_b = launch(tmp, *RESUME_RUN, log_name="run_b.log")
     rc = wait(run_b, 900)
     log_b = (tmp / "run_b.log").read_text()
     assert rc == 0, log_b[-6000:]
-    return tmp, log_b
+    return tmp, log_b, best_before, uninterrupted
 
 
 def test_resumed_run_continues_at_the_next_step(resumed_run):
-    tmp, log_b = resumed_run
+    tmp, log_b, _, _ = resumed_run
     ckpt = run_dirs(tmp)["ckpt"]
-    assert "Setting global step to 1" in log_b and "restored capability state" in log_b
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert "Training Progress: 100%" in log_b or "step:2 " in log_b
+    assert "Setting global step to 2" in log_b and "restored capability state" in log_b
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    assert "Training Progress: 100%" in log_b or "step:4 " in log_b
 
 
 def test_capability_state_and_dataloader_position_survive_the_kill(resumed_run):
-    tmp, _ = resumed_run
-    state = json.loads((run_dirs(tmp)["ckpt"] / "global_step_2" / "seal_capability_state.json").read_text())["state"]
-    # 2 rollouts per step x 2 steps: step 1's observations came back from the checkpoint
-    assert state["observe_count"] == 4
-    # the dataloader resumed its position: step 2 trained the task step 1 had not (batch 1, one epoch)
+    tmp, _, _, _ = resumed_run
+    state = json.loads((run_dirs(tmp)["ckpt"] / "global_step_4" / "seal_capability_state.json").read_text())["state"]
+    # 2 rollouts per step x 4 steps: steps 1-2 came back from the checkpoint, step 3 was not counted twice
+    assert state["observe_count"] == 8
+    # each epoch trained each task once (batch 1, 2 tasks, 2 epochs)
     assert set(state["tasks"]) == TRAIN_TASKS
-    assert all(record["count"] == 2 for record in state["tasks"].values())
+    assert all(record["count"] == 4 for record in state["tasks"].values())
+
+
+def resumed_step_3(resumed_run) -> list[dict]:
+    return rollouts(run_dirs(resumed_run[0])["run"] / "rollout_log" / "3.jsonl")
+
+
+def test_the_first_resumed_step_is_the_uninterrupted_runs_step(resumed_run):
+    """Across the epoch boundary the same task, with the same capability cues in its prompts (the restored
+    profile reached the new service before the rollout)."""
+    uninterrupted = resumed_run[3]
+    assert uninterrupted[3][0]["gts"] != uninterrupted[1][0]["gts"], "epoch 1 starts as epoch 0 did: nothing to see"
+    resumed = resumed_step_3(resumed_run)
+    assert [s["gts"] for s in resumed] == [s["gts"] for s in uninterrupted[3]]
+    assert all(CUES_HEADER in s["input"] for s in uninterrupted[3])
+    assert sorted(s["input"] for s in resumed) == sorted(s["input"] for s in uninterrupted[3])
+
+
+def test_the_resumed_run_does_not_repeat_earlier_samples(resumed_run):
+    uninterrupted = resumed_run[3]
+    earlier = {s["output"] for step in (1, 2) for s in uninterrupted[step]}
+    resumed = {s["output"] for s in resumed_step_3(resumed_run)}
+    assert len(resumed) == 2 and not resumed & earlier
+    # the same seeds on the same weights (restored exactly, fp32 on CPU): the uninterrupted step's samples
+    assert resumed == {s["output"] for s in uninterrupted[3]}
+
+
+def test_each_step_is_in_the_metric_files_once(resumed_run):
+    tmp, _, _, _ = resumed_run
+    run = run_dirs(tmp)["run"]
+    assert logged_steps(run / "metrics_steps.jsonl") == [1, 2, 3, 4]  # run A had logged step 3 before the kill
+    trained = [  # verl's file logger: one file per launch
+        entry["step"]
+        for path in sorted(run.glob("metrics_2*.jsonl"))
+        for entry in map(json.loads, path.read_text().splitlines())
+        if "actor/pg_loss" in entry["data"]
+    ]
+    assert sorted(trained) == [1, 2, 3, 4]
+
+
+def test_the_resumes_revalidation_does_not_replace_the_best_record(resumed_run):
+    tmp, log_b, best_before, _ = resumed_run
+    assert "validation @ step 2" in log_b  # verl validates the resumed checkpoint again
+    assert best_before["validation"]["step"] == best_before["global_step"] == 2
+    best = json.loads((run_dirs(tmp)["ckpt"] / "best_checkpoint.json").read_text())
+    assert best == best_before or best["validation"]["step"] == best["global_step"] == 4
 
 
 def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_run):
-    tmp, log_b = resumed_run
+    tmp, log_b, _, _ = resumed_run
     d = run_dirs(tmp)
-    # validation before training (step 0, run A) and at the end (run B), per category plus the average
+    # validation before training (step 0, run A), of the resumed checkpoint and at the end (run B), per category
+    # plus the average
     assert log_b.count("validation @ step") >= 2
     for category in ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"):
         assert category in log_b
     assert "val-core/average/reward/mean@1" in log_b
     table = (d["run"] / "validation_table.txt").read_text()
-    assert table.startswith("validation @ step 2") and "multi_turn_long_context" in table and "average" in table
+    assert table.startswith("validation @ step 4") and "multi_turn_long_context" in table and "average" in table
     # SEAL metrics reached the logger (A-Patch, capability state, rollout)
     for key in ("seal/apatch/mean_scale", "seal/state/observe_count", "seal/rollout/termination/", "actor/pg_loss"):
         assert key in log_b, key
     metrics_files = list((d["run"]).glob("metrics_*.jsonl"))
     assert metrics_files and any(f.stat().st_size > 0 for f in metrics_files)
     assert any((d["run"] / "tensorboard").iterdir())
-    # per-epoch diagnostic dump and the persisted capability state
-    dump = json.loads((d["run"] / "diagnostic_stats" / "epoch_0.json").read_text())
-    assert dump["epoch"] == 0 and dump["tags"] and dump["dynamic_tag_weights"]
+    # per-epoch diagnostic dumps, each at its epoch's last step, and the persisted capability state
+    for epoch, last_step in ((0, 2), (1, 4)):
+        dump = json.loads((d["run"] / "diagnostic_stats" / f"epoch_{epoch}.json").read_text())
+        assert dump["epoch"] == epoch and dump["tags"] and dump["dynamic_tag_weights"]
+        assert dump["global_step"] == last_step
     assert (d["run"] / "diagnostic_state" / "seal_capability_state.json").exists()
-    # every figure, after the resume too (label_shares.png from the epoch dump, at the run's last step)
+    # every figure, after the resume too (label_shares.png from the epoch dumps)
     for figure in (
         "apatch_weights.png",
         "apatch_scales.png",
@@ -151,7 +228,6 @@ def test_run_writes_metrics_diagnostics_checkpoint_and_validation_table(resumed_
         "accuracy_bands.png",
     ):
         assert (d["run"] / figure).stat().st_size > 1000, figure
-    assert dump["global_step"] == 2
     # the last step's training metrics, written before its validation
     assert "actor/pg_loss" in json.loads((d["run"] / "metrics_steps.jsonl").read_text().splitlines()[-1])["data"]
     # best checkpoint recorded and exported to Hugging Face format

@@ -151,6 +151,24 @@ def test_capability_cues_receive_the_failure_profile(tmp_path):
     assert profile["tags"]["state_mismatch"]["count"] == 1
 
 
+def test_a_resumed_run_sends_the_restored_profile_before_its_first_rollout(tmp_path, monkeypatch):
+    """The resumed launch talks to a new service, which knows no profile: the checkpoint's goes there at once,
+    so the first resumed step's prompts carry the cues the uninterrupted run's had."""
+    import seal.agent_loop
+
+    monkeypatch.setattr(RayPPOTrainer, "_save_checkpoint", verl_save_marker)
+    cues = "env_service.bfcl.capability_cues.enable=true"
+    run_a = make_trainer(tmp_path, cues)
+    run_a._seal_step(make_batch(ROWS)[0])
+    run_a._save_checkpoint()  # step 1; the run and its service die here
+    monkeypatch.setattr(seal.agent_loop, "_CLIENTS", {})  # the resumed launch's new (in-process) service
+    run_b = make_trainer(tmp_path, cues)
+    monkeypatch.setattr(RayPPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
+    run_b._load_checkpoint()
+    profile = env_client(run_b.config.env_service).get_profile()["profile"]
+    assert profile["tags"]["state_mismatch"]["count"] == 1
+
+
 def test_batch_trajectories_reads_the_agent_loop_fields():
     batch, _ = make_batch(ROWS)
     rows = batch_trajectories(batch)
