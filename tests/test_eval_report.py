@@ -121,11 +121,17 @@ def test_a_training_checkpoint_means_its_huggingface_export(tmp_path):
     (step / "actor" / "huggingface").mkdir(parents=True)
     assert resolve_model(str(step)) == str(step)  # no export yet: the launcher's preflight names the problem
     (step / "actor" / "huggingface" / "config.json").write_text("{}")
+    assert resolve_model(str(step)) == str(step)  # verl's config without weights is no model
+    (step / "actor" / "huggingface" / "model.safetensors").write_text("")
     assert resolve_model(str(step)) == str(step / "actor" / "huggingface")
     (step / "huggingface").mkdir()
     (step / "huggingface" / "config.json").write_text("{}")
+    (step / "huggingface" / "model.safetensors").write_text("")
     assert resolve_model(str(step)) == str(step / "huggingface")
     assert resolve_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+    # the checkpoint folder means its latest checkpoint: the last step of a run that saved it
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
+    assert resolve_model(str(tmp_path)) == str(step / "huggingface")
 
 
 def test_small_samples_show_a_wilson_interval_not_a_zero_error():

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from scipy.stats import binomtest
@@ -154,7 +155,8 @@ def test_every_paper_cell_of_table1_ablation_and_ood_is_printed(runs, tmp_path):
     script.main([str(runs), "--out", str(tmp_path), "--val-file", str(VAL_FILE)])
     table1, ood = (tmp_path / "table1.md").read_text(), (tmp_path / "ood.md").read_text()
     for (backbone, training), numbers in paper_numbers.TABLE1.items():
-        cells = row_of(table1, f"{backbone} {paper_numbers.TRAINING_NAMES[training]}").split(" | ")[1:]
+        label = f"{backbone} {paper_numbers.TRAINING_NAMES[training]}" + ("" if training == "base" else " (best checkpoint)")
+        cells = row_of(table1, label).split(" | ")[1:]
         assert [c.split(" / ")[1] for c in cells] == [f"{numbers[c]:.2f}" for c in paper_numbers.COLUMNS]
     for (backbone, training), numbers in paper_numbers.OOD.items():
         cells = row_of(ood, f"{backbone} {paper_numbers.TRAINING_NAMES[training]}").split(" | ")[1:]
@@ -236,11 +238,12 @@ def test_factorial_interaction_paired_beside_the_papers_stated_and_implied(tmp_p
     script = load_script()
     assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "interaction.md").read_text()
-    # by hand, per task: 25-29 give 1-1-1+0 = -1, 35-44 give +1, the rest 0 -> mean 5/100 = +0.05;
-    # plug-in variance 15/100 - 0.05² = 0.1475 -> SE sqrt(0.1475/100) per category, /2 for the mean of four
+    # by hand, per task: 25-29 give 1-1-1+0 = -1, 35-44 give +1, the rest 0 -> mean 5/100 = +0.05; the sample
+    # variance (n - 1), as numpy computes it -> SE sqrt(variance/100) per category, /2 for the mean of four
+    variance = float(np.var([-1] * 5 + [1] * 10 + [0] * 85, ddof=1))
     ours = row_of(text, "ours (paired on 400 shared tasks)").split(" | ")[1:]
-    per_category = f"+5.00 ± {100 * math.sqrt(0.1475 / 100):.2f}"
-    assert ours == [f"+5.00 ± {100 * math.sqrt(0.1475 / 100) / 2:.2f}"] + [per_category] * 3 + [per_category + " |"]
+    per_category = f"+5.00 ± {100 * math.sqrt(variance / 100):.2f}"
+    assert ours == [f"+5.00 ± {100 * math.sqrt(variance / 100) / 2:.2f}"] + [per_category] * 3 + [per_category + " |"]
     assert row_of(text, "paper, as its revised abstract states").split(" | ")[1] == "+5.00"
     implied = row_of(text, "paper, as its own ablation cells imply (± SE of independent binomial cells)")
     # 40.25 − 32.75 − 35.75 + 30.75; Base 58 − 48 − 52 + 46; Miss Func 36 − 27 − 31 + 27; ...
@@ -276,7 +279,7 @@ def test_partial_average_is_not_compared_and_unreadable_runs_are_named(runs, tmp
         script.main([str(root), "--out", str(tmp_path / "out"), "--val-file", str(tmp_path / "nowhere.parquet")]) == 0
     )
     table1 = (tmp_path / "out" / "table1.md").read_text()
-    average = row_of(table1, "Qwen2.5-3B-Instruct + SEAL").split(" | ")[1]
+    average = row_of(table1, "Qwen2.5-3B-Instruct + SEAL (best checkpoint)").split(" | ")[1]
     assert average == "100.00 [72.25, 100.00] (partial: 1 of 4) / 14.00 / –"
     vanilla = next(line for line in table1.splitlines() if line.startswith("| Qwen2.5-7B-Instruct + Vanilla RL"))
     assert "(run unreadable: " in vanilla and "qwen2.5-7b__vanilla_rl" in vanilla and "metrics" in vanilla
