@@ -71,7 +71,10 @@ CHECKPOINT_LABELS = {"": "best checkpoint", LAST_SUFFIX: "last checkpoint, unbia
 #: default pairs (the evaluations of their checkpoints are).
 TRAINING_SUFFIX = "__training"
 #: The extra row of Table 1: SEAL as the paper describes it (exp/SEAL_interface_evolution.yaml); no paper cell.
-PAPER_METHOD = ("qwen2.5-7b__seal_paper_method", "Qwen2.5-7B-Instruct + SEAL, as the paper describes it (no paper cell)")
+PAPER_METHOD = (
+    "qwen2.5-7b__seal_paper_method",
+    "Qwen2.5-7B-Instruct + SEAL, as the paper describes it (no paper cell)",
+)
 #: An ablation row with no run of its own takes Table 1's run of the same recipe.
 ABLATION_FALLBACK = {"SEAL": "qwen2.5-7b__seal", "vanilla_rl": "qwen2.5-7b__vanilla_rl"}
 #: Table 1's columns: the Average weighs each category 1/4 (= passes / 400 on the balanced held-out set).
@@ -333,7 +336,9 @@ def default_pairs(with_verdicts: dict[str, RunResult]) -> list[tuple[str, str]]:
         if not k.endswith(TRAINING_SUFFIX) and not (not k.endswith(LAST_SUFFIX) and k + LAST_SUFFIX in with_verdicts)
     ]
     return [
-        (a, b) for a, b in itertools.combinations(kept, 2) if set(with_verdicts[a].verdicts) == set(with_verdicts[b].verdicts)
+        (a, b)
+        for a, b in itertools.combinations(kept, 2)
+        if set(with_verdicts[a].verdicts) == set(with_verdicts[b].verdicts)
     ]
 
 

@@ -35,13 +35,15 @@ from seal import reproduction  # noqa: E402
 def step_costs(step: reproduction.Step) -> list[reproduction.Cost]:
     """The estimates for a train or eval step, from the recipe it composes (its switches included): for each GPU
     type, the low and the high end of the range (empty when the model's size is unknown)."""
-    from seal.launch import compose_recipe
-
     if step.kind not in ("train", "eval"):
         return []
     overrides = [a for a in step.argv[step.argv.index(step.recipe) + 1 :] if "=" in a and not a.startswith("-")]
-    config = compose_recipe(str(ROOT / step.recipe), overrides)
-    found = [reproduction.cost(config, step.kind, gpu, a) for gpu in reproduction.GPU_TYPES for a in reproduction.ASSUMPTIONS]
+    # the run's names and folders change nothing the estimate reads: rows of one recipe share one composition
+    switches = tuple(o for o in overrides if o.partition("=")[0] not in reproduction.RUN_KEYS)
+    config = reproduction.composed(step.recipe, switches)
+    found = [
+        reproduction.cost(config, step.kind, gpu, a) for gpu in reproduction.GPU_TYPES for a in reproduction.ASSUMPTIONS
+    ]
     return [c for c in found if c is not None]
 
 
@@ -107,7 +109,9 @@ def print_plan(out: str) -> None:
             for line in cost_lines(step, costs):
                 print(line)
             for c in costs:
-                totals.setdefault((c.gpu.name, step.kind), [0.0, 0.0])[c.assumptions is reproduction.ASSUMPTIONS[1]] += c.gpu_hours
+                totals.setdefault((c.gpu.name, step.kind), [0.0, 0.0])[
+                    c.assumptions is reproduction.ASSUMPTIONS[1]
+                ] += c.gpu_hours
     print(
         "\nserve / ood: one vLLM server per row of the paper's OOD table (the Qwen backbones; the ToolACE rows fill no "
         "OOD cell and are not evaluated there); USER_ENDPOINT/USER_MODEL: tau2's user simulator (docs/ood.md)."

@@ -190,6 +190,10 @@ def layout(out: str) -> dict[str, str]:
     return {"runs": os.path.join(out, "runs"), "checkpoints": os.path.join(out, "checkpoints")}
 
 
+#: The keys a training command sets for its row (names, folders, when to save), besides the recipe's switches.
+RUN_KEYS = ("trainer.experiment_name", "seal.run_dir", "trainer.default_local_dir", "trainer.save_freq")
+
+
 def train_argv(run: Training, out: str) -> list[str]:
     """The launcher command of a training row; ``trainer.save_freq`` at the run's step count saves its last step
     (verl saves the last step whenever save_freq is positive), which the recipes' 0 does not: the last checkpoint's
@@ -208,11 +212,16 @@ def train_argv(run: Training, out: str) -> list[str]:
     ]
 
 
-@functools.cache
 def _planned_steps(recipe: str, switches: tuple[str, ...]) -> int:
+    return training_steps(composed(recipe, switches))
+
+
+@functools.cache
+def composed(recipe: str, switches: tuple[str, ...] = ()):
+    """``recipe`` composed with ``switches`` (once: the plan's rows share recipes; read it, do not change it)."""
     from seal.launch import compose_recipe
 
-    return training_steps(compose_recipe(str(REPO / recipe), list(switches)))
+    return compose_recipe(str(REPO / recipe), list(switches))
 
 
 def eval_argv(row: str, recipe: str, model: str, out: str, switches: tuple[str, ...] = ()) -> list[str]:
@@ -501,7 +510,7 @@ COMMAND_SWAPS = {
 }
 
 #: Rows whose out-of-distribution evaluation a rehearsal runs: the stub endpoint answers alike for every row.
-REHEARSAL_OOD_ROWS = ("qwen2.5-7b__seal",)
+REHEARSAL_OOD_ROWS = ("qwen2.5-7b__vanilla_rl",)
 
 
 def rehearsal(out: str, stub_url: str, rows: list[str] | None = None, training_steps: int | None = None) -> list[Step]:
@@ -551,6 +560,8 @@ def run_rehearsal(out: str, rows: list[str] | None = None, training_steps: int |
 
         def run_chain(chain: list[Step]) -> int:
             for step in chain:
+                if share_best_evaluation(step, chain):
+                    continue
                 status = _run_step(step, numbered[id(step)], len(steps), logs)
                 if status != 0:
                     return status
@@ -562,6 +573,27 @@ def run_rehearsal(out: str, rows: list[str] | None = None, training_steps: int |
             print(f"[reproduce] error: {len(failed)} row(s) failed; see the logs above", file=sys.stderr)
             return failed[0]
         return run_chain(last)
+
+
+def share_best_evaluation(step: Step, chain: list[Step]) -> bool:
+    """A last-checkpoint evaluation whose checkpoint is the best one (a run whose last step was its best, as in a
+    one-step rehearsal) shares the best's evaluation, already run in ``chain``: its folder links to the best's."""
+    from seal.eval.checkpoint import resolve_model
+
+    if step.kind != "eval" or not step.row.endswith(LAST_SUFFIX):
+        return False
+    best = next(s for s in chain if s.kind == "eval" and s.row == step.row.removesuffix(LAST_SUFFIX))
+
+    def checkpoint(s: Step) -> str:
+        return os.path.realpath(resolve_model(s.argv[s.argv.index("--model") + 1]))
+
+    if checkpoint(step) != checkpoint(best):
+        return False
+    folder, shared = (Path(s.argv[s.argv.index("--out") + 1]) for s in (step, best))
+    if not folder.exists():
+        folder.symlink_to(shared.name)
+    print(f"[reproduce] {step.row}: the last checkpoint is the best one ({checkpoint(step)}); {folder} shares {shared}")
+    return True
 
 
 def _run_step(step: Step, number: int, total: int, logs: Path) -> int:
