@@ -11,20 +11,26 @@ or an evaluation folder of ``python -m seal.eval`` (``results.jsonl``). Rows are
   ``base`` | ``vanilla_rl`` | ``seal`` (e.g. ``qwen2.5-7b__seal``);
 * the OOD table: the same names, from the out-of-distribution records of that folder's ``results.jsonl`` or of
   ``<row>__ood`` (e.g. ``qwen2.5-7b__seal__ood``, an evaluation folder beside a training run);
-* ablation: the recipes' experiment names ``SEAL``, ``wo_env_adaptation``, ``wo_reweighting``, ``wo_closed_loop``,
-  ``vanilla_rl`` (full SEAL and Vanilla RL fall back to Table 1's ``qwen2.5-7b__seal`` / ``__vanilla_rl``);
+* ablation (the paper's Table 3): the recipes' experiment names ``SEAL``, ``wo_env_adaptation``, ``wo_reweighting``,
+  ``wo_closed_loop``, ``vanilla_rl`` (full SEAL and Vanilla RL fall back to Table 1's ``qwen2.5-7b__seal`` /
+  ``__vanilla_rl``);
+* a trained row's last checkpoint: ``<row>__last`` beside ``<row>`` (its best checkpoint), e.g.
+  ``qwen2.5-7b__seal__last``; both are shown, the best compared with the paper, the last (unbiased) not;
+* Table 1's extra row ``qwen2.5-7b__seal_paper_method``: SEAL as the paper describes it, with no paper cell;
 
 or given explicitly with ``--row qwen2.5-7b__seal=path/to/run`` / ``--row wo_reweighting=path``. Paths are
 relative to the working directory; the default ``--val-file`` is the repository's. Writes ``table1.md`` (with the
 paper's reference models), ``ablation.md``, ``ood.md``, ``interaction.md`` (the ablation's factorial interaction:
 the paper's stated figure, the one its cells imply, ours), ``runs.md`` (every run, ours only; runs that could not
-be read, and why), ``tables.json``, ``mcnemar.md`` (each pair of runs evaluated on the same tasks, or the pairs
-asked for) and ``accuracy_over_steps.png`` (held-out accuracy per category over steps for every training run,
+be read, and why), ``tables.json``, ``mcnemar.md`` (each pair of evaluations on the same tasks, a trained row by its
+last checkpoint where it has one and never a ``__training`` run, or the pairs asked for; p adjusted by Holm for the
+pairs reported) and ``accuracy_over_steps.png`` (held-out accuracy per category over steps for every training run,
 ± one standard error).
 
 A cell reads ``ours ± se | paper | ours − paper ± se``: the paper's standard error is the binomial one of its
 accuracy on its task counts (100 per category; ``seal.paper_numbers.OOD_TASKS``), independent of ours. A small
-sample shows its 95 % Wilson interval instead of ``± se``. A column our run covers only partly (an Average
+sample (ours or the paper's) shows its 95 % Wilson interval instead of ``± se``, and its Wilson half-width / z is its
+SE in a difference; a mean of categories of unequal size shows ``± se`` around the mean it prints. A column our run covers only partly (an Average
 without all its categories) says so and is not compared. A paper cell the paper does not report stays empty.
 """
 

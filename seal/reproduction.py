@@ -270,7 +270,7 @@ def plan(out: str = "experiments/paper") -> list[Step]:
         endpoint = f"http://127.0.0.1:{SERVE_PORT}/v1"
         steps += [Step("ood", row, argv, ood, recipe) for argv in ood_argvs(row, endpoint, row, out, recipe, OOD_BFCL)]
     tables = ["python", "scripts/make_tables.py", layout(out)["runs"], "--out", os.path.join(out, "tables")]
-    steps.append(Step("tables", "", tables, "Table 1, the ablation, the OOD table, accuracy_over_steps.png"))
+    steps.append(Step("tables", "", tables, "Table 1, Table 3 (the ablation), the OOD table, accuracy_over_steps.png"))
     return steps
 
 
