@@ -209,6 +209,28 @@ def test_plan_prints_every_command_with_its_cost():
     )
 
 
+def test_the_last_checkpoints_evaluation_shares_the_bests_only_when_they_are_one_checkpoint(tmp_path):
+    row = "qwen2.5-7b__seal"
+    checkpoints = tmp_path / "checkpoints" / row
+    for step in (1, 2):  # two exported checkpoints; the best is step 1
+        export = checkpoints / f"global_step_{step}" / "huggingface"
+        export.mkdir(parents=True)
+        (export / "config.json").write_text("{}")
+        (export / "model.safetensors").write_text("")
+    (checkpoints / "best").symlink_to("global_step_1")
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
+    best_argv = reproduction.eval_argv(row, "exp/SEAL.yaml", f"{checkpoints}/best", str(tmp_path))
+    last_argv = reproduction.eval_argv(f"{row}__last", "exp/SEAL.yaml", str(checkpoints), str(tmp_path))
+    last = reproduction.Step("eval", f"{row}{reproduction.LAST_SUFFIX}", last_argv, "", "exp/SEAL.yaml")
+    chain = [reproduction.Step("eval", row, best_argv, "", "exp/SEAL.yaml"), last]
+    (tmp_path / "runs" / row).mkdir(parents=True)  # the best's evaluation, run before it
+    assert not reproduction.share_best_evaluation(last, chain)  # step 2 is not the best: evaluated on its own
+    assert not (tmp_path / "runs" / f"{row}__last").exists()
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("1")  # a run whose last step was its best
+    assert reproduction.share_best_evaluation(last, chain)
+    assert (tmp_path / "runs" / f"{row}__last").resolve() == (tmp_path / "runs" / row).resolve()
+
+
 def test_an_unknown_row_is_refused_in_one_line():
     done = subprocess.run(
         [sys.executable, "scripts/reproduce.py", "--rehearse", "--rows", "qwen2.5-7b__sael"],
