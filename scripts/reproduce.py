@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print_plan(args.out or "experiments/paper")
         return 0
-    known = {step.row.removesuffix(reproduction.LAST_SUFFIX) for step in reproduction.plan()} - {""}
+    known = set(reproduction.rows())
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
     unknown = sorted(set(rows or ()) - known)
     if unknown:

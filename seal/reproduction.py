@@ -156,6 +156,11 @@ def table1_rows() -> list[str]:
     return [f"{backbone}__{training}" for backbone in BACKBONES for training in ("base", "vanilla_rl", "seal")]
 
 
+def rows() -> list[str]:
+    """Every row the plan trains or evaluates: Table 1's, the ablation's, the paper-method row."""
+    return [*table1_rows(), *ABLATIONS, PAPER_METHOD]
+
+
 def ood_rows() -> list[str]:
     """The rows of the paper's OOD table (the Qwen backbones'): the ToolACE rows fill no OOD cell, so the plan does
     not evaluate them out of distribution."""
@@ -246,7 +251,7 @@ def plan(out: str = "experiments/paper") -> list[Step]:
     runs = trainings()
     by_row = {run.row: run for run in runs}
     steps = [Step("train", run.row, train_argv(run, out), fills(run.row), run.recipe) for run in runs]
-    for row in table1_rows() + list(ABLATIONS) + [PAPER_METHOD]:
+    for row in rows():
         backbone, _, training = row.partition("__")
         if training == "base":
             recipe, model = BACKBONES[backbone]

@@ -7,6 +7,7 @@ rehearsal itself (slow) runs the chain on CPU and ends in the tables and figures
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -133,14 +134,19 @@ def test_a_rehearsal_changes_nothing_outside_the_swap(plan, rehearsal):
     swap_keys = set(reproduction.swap_values())
     planned = {(s.kind, s.row): s for s in plan}
     checked = 0
+
+    @functools.cache
+    def composed(recipe: str, switches: tuple[str, ...]) -> dict:  # a row's best and last evaluations share one
+        return leaves(compose_recipe(str(REPO / recipe), list(switches)))
+
     for step in rehearsal:
         gpu = planned[(step.kind, step.row)]
         ours, theirs = flag_values(step.argv), flag_values(gpu.argv)
         flags = {f for f in ours.keys() | theirs.keys() if ours.get(f) != theirs.get(f)}
         assert flags <= set(reproduction.COMMAND_SWAPS[step.kind]), (step.row, flags)
         if step.kind in ("train", "eval"):
-            ours = leaves(compose_recipe(str(REPO / step.recipe), overrides(step)))
-            theirs = leaves(compose_recipe(str(REPO / gpu.recipe), overrides(gpu)))
+            ours = composed(step.recipe, tuple(overrides(step)))
+            theirs = composed(gpu.recipe, tuple(overrides(gpu)))
             changed = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
             assert changed <= swap_keys, (step.row, sorted(changed - swap_keys))
             assert changed, step.row  # the swap took effect
