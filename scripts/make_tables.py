@@ -11,20 +11,26 @@ or an evaluation folder of ``python -m seal.eval`` (``results.jsonl``). Rows are
   ``base`` | ``vanilla_rl`` | ``seal`` (e.g. ``qwen2.5-7b__seal``);
 * the OOD table: the same names, from the out-of-distribution records of that folder's ``results.jsonl`` or of
   ``<row>__ood`` (e.g. ``qwen2.5-7b__seal__ood``, an evaluation folder beside a training run);
-* ablation: the recipes' experiment names ``SEAL``, ``wo_env_adaptation``, ``wo_reweighting``, ``wo_closed_loop``,
-  ``vanilla_rl`` (full SEAL and Vanilla RL fall back to Table 1's ``qwen2.5-7b__seal`` / ``__vanilla_rl``);
+* ablation (the paper's Table 3): the recipes' experiment names ``SEAL``, ``wo_env_adaptation``, ``wo_reweighting``,
+  ``wo_closed_loop``, ``vanilla_rl`` (full SEAL and Vanilla RL fall back to Table 1's ``qwen2.5-7b__seal`` /
+  ``__vanilla_rl``);
+* a trained row's last checkpoint: ``<row>__last`` beside ``<row>`` (its best checkpoint), e.g.
+  ``qwen2.5-7b__seal__last``; both are shown, the best compared with the paper, the last (unbiased) not;
+* Table 1's extra row ``qwen2.5-7b__seal_paper_method``: SEAL as the paper describes it, with no paper cell;
 
 or given explicitly with ``--row qwen2.5-7b__seal=path/to/run`` / ``--row wo_reweighting=path``. Paths are
 relative to the working directory; the default ``--val-file`` is the repository's. Writes ``table1.md`` (with the
 paper's reference models), ``ablation.md``, ``ood.md``, ``interaction.md`` (the ablation's factorial interaction:
 the paper's stated figure, the one its cells imply, ours), ``runs.md`` (every run, ours only; runs that could not
-be read, and why), ``tables.json``, ``mcnemar.md`` (each pair of runs evaluated on the same tasks, or the pairs
-asked for) and ``accuracy_over_steps.png`` (held-out accuracy per category over steps for every training run,
+be read, and why), ``tables.json``, ``mcnemar.md`` (each pair of evaluations on the same tasks, a trained row by its
+last checkpoint where it has one and never a ``__training`` run, or the pairs asked for; p adjusted by Holm for the
+pairs reported) and ``accuracy_over_steps.png`` (held-out accuracy per category over steps for every training run,
 ± one standard error).
 
 A cell reads ``ours ± se | paper | ours − paper ± se``: the paper's standard error is the binomial one of its
 accuracy on its task counts (100 per category; ``seal.report.paper_numbers.OOD_TASKS``), independent of ours. A small
-sample shows its 95 % Wilson interval instead of ``± se``. A column our run covers only partly (an Average
+sample (ours or the paper's) shows its 95 % Wilson interval instead of ``± se``, and its Wilson half-width / z is its
+SE in a difference; a mean of categories of unequal size shows ``± se`` around the mean it prints. A column our run covers only partly (an Average
 without all its categories) says so and is not compared. A paper cell the paper does not report stays empty.
 """
 
@@ -43,7 +49,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from seal.eval.report import EVAL_OOD_CATEGORIES, TABLE_COLUMNS, Cell, honest_stderr, pct  # noqa: E402
+from seal.eval.report import (  # noqa: E402
+    EVAL_OOD_CATEGORIES,
+    TABLE_COLUMNS,
+    Z95,
+    Cell,
+    honest_stderr,
+    pct,
+    pooled_cell,
+)
 from seal.eval.runs import DEFAULT_VAL_FILE, RunResult, load_run  # noqa: E402
 from seal.report import paper_numbers as paper  # noqa: E402
 
@@ -55,6 +69,18 @@ BACKBONE_KEYS = {
 ROW_KEYS = {name: key for key, name in BACKBONE_KEYS.items()}
 #: Where an OOD row's results may sit instead of the Table 1 row's own folder.
 OOD_SUFFIX = "__ood"
+#: A trained row's folder holds its best checkpoint's evaluation (selected on the tasks it is scored on: the paper's
+#: protocol); ``<row>__last`` its last checkpoint's (selected by nothing: the unbiased score).
+LAST_SUFFIX = "__last"
+CHECKPOINT_LABELS = {"": "best checkpoint", LAST_SUFFIX: "last checkpoint, unbiased"}
+#: Training runs (``seal.run_dir``): their validations are in the tables' figure and runs.md, not in McNemar's
+#: default pairs (the evaluations of their checkpoints are).
+TRAINING_SUFFIX = "__training"
+#: The extra row of Table 1: SEAL as the paper describes it (exp/SEAL_interface_evolution.yaml); no paper cell.
+PAPER_METHOD = (
+    "qwen2.5-7b__seal_paper_method",
+    "Qwen2.5-7B-Instruct + SEAL, as the paper describes it (no paper cell)",
+)
 #: An ablation row with no run of its own takes Table 1's run of the same recipe.
 ABLATION_FALLBACK = {"SEAL": "qwen2.5-7b__seal", "vanilla_rl": "qwen2.5-7b__vanilla_rl"}
 #: Table 1's columns: the Average weighs each category 1/4 (= passes / 400 on the balanced held-out set).
@@ -99,22 +125,23 @@ def combine(cells: dict[str, Cell], weights: dict[str, float]) -> tuple[Cell | N
     accuracy = sum(w * cells[c].accuracy for c, w in present.items()) / total
     se = math.sqrt(sum((w / total) ** 2 * honest_stderr(cells[c]) ** 2 for c, w in present.items()))
     n = sum(cells[c].n for c in present)
-    return Cell(accuracy, se, n, sum(cells[c].passed or 0 for c in present)), missing
+    return pooled_cell(accuracy, se, n, sum(cells[c].passed or 0 for c in present)), missing
 
 
 def paper_cell(value: float | None, weights: dict[str, float], sizes: dict[str, int]) -> Cell | None:
-    """The paper's number as a cell: its binomial SE with every category at the column's accuracy."""
+    """The paper's number as a cell: its binomial SE with every category at the column's accuracy, and its count
+    of passes on the column's tasks, so that a small one (0/200, 3/100) gets the Wilson treatment ours gets."""
     if value is None:
         return None
     p = value / 100
     n = sum(sizes[c] for c in weights)
-    return Cell(p, math.sqrt(p * (1 - p) * sum(w * w / sizes[c] for c, w in weights.items())), n)
+    return Cell(p, math.sqrt(p * (1 - p) * sum(w * w / sizes[c] for c, w in weights.items())), n, round(p * n))
 
 
 def difference(ours: Cell | None, theirs: Cell | None) -> str:
     if ours is None or theirs is None or not ours.n or math.isnan(ours.accuracy):
         return ""
-    se = math.sqrt((0 if math.isnan(ours.stderr) else honest_stderr(ours)) ** 2 + theirs.stderr**2)
+    se = math.sqrt((0 if math.isnan(ours.stderr) else honest_stderr(ours)) ** 2 + honest_stderr(theirs) ** 2)
     return f"{100 * (ours.accuracy - theirs.accuracy):+.2f} ± {100 * se:.2f}"
 
 
@@ -167,7 +194,7 @@ class Effect(NamedTuple):
 
 
 def category_interaction(runs: dict[str, RunResult], category: str) -> Effect | None:
-    """The interaction in one category: paired (per-task contrasts, their plug-in SE) when the four runs scored
+    """The interaction in one category: paired (per-task contrasts, their sample variance with n − 1) when the four runs scored
     the same tasks, else from the four accuracies as independent samples."""
     if any(category not in r.cells or not r.cells[category].n for r in runs.values()):
         return None
@@ -177,7 +204,7 @@ def category_interaction(runs: dict[str, RunResult], category: str) -> Effect | 
         shared = sorted(tasks[0])
         contrasts = [sum(s * runs[role].verdicts[t] for role, s in INTERACTION_SIGNS.items()) for t in shared]
         mean = sum(contrasts) / len(shared)
-        variance = sum((d - mean) ** 2 for d in contrasts) / len(shared)
+        variance = sum((d - mean) ** 2 for d in contrasts) / (len(shared) - 1) if len(shared) > 1 else 0.0
         return Effect(mean, math.sqrt(variance / len(shared)), True, len(shared))
     value = sum(s * runs[role].cells[category].accuracy for role, s in INTERACTION_SIGNS.items())
     se = math.sqrt(sum(honest_stderr(runs[role].cells[category]) ** 2 for role in INTERACTION_SIGNS))
@@ -242,8 +269,24 @@ def interaction_table(ours: dict[str, Effect], runs: dict[str, str]) -> str:
         + " | ".join(text(implied[c]) for c in TABLE_COLUMNS)
         + " |",
         f"| ours ({how}) | " + " | ".join(text(ours.get(c)) for c in TABLE_COLUMNS) + " |",
+        "",
+        versions_note(implied["average"]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def versions_note(implied: Effect) -> str:
+    """The paper's two figures for the interaction are not two estimates from one table: say where each comes from
+    and how far each is from 0, in standard errors of the four cells as independent binomial samples."""
+    stated, cells, se = paper.STATED_INTERACTION, 100 * implied.value, 100 * implied.stderr
+    both_small = max(abs(stated), abs(cells)) / se < Z95
+    return (
+        f"The paper's {stated:+.2f} (its revised abstract) and the {cells:+.2f} its ablation cells imply come from "
+        f"different versions of the paper: the abstract was revised, the ablation table was not. In standard errors "
+        f"of the four cells as independent binomial samples (± {se:.2f}), {stated:+.2f} lies {abs(stated) / se:.2f} "
+        f"SE from 0 and {cells:+.2f} {abs(cells) / se:.2f} SE"
+        + (": neither is distinguishable from no interaction (|z| < 1.96)." if both_small else ".")
+    )
 
 
 def discover(
@@ -279,7 +322,72 @@ def mcnemar(a: dict[str, bool], b: dict[str, bool]) -> dict:
     return {"tasks": len(shared), "only_a": only_a, "only_b": only_b, "p_value": p}
 
 
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (in their order): the i-th smallest times (m − i), made
+    non-decreasing, at most 1."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [1.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def default_pairs(with_verdicts: dict[str, RunResult]) -> list[tuple[str, str]]:
+    """Every pair of evaluations scored on the same tasks, but neither training runs' own validations nor a best
+    checkpoint whose row has its last checkpoint evaluated: the test is on the unbiased score."""
+    kept = [
+        k
+        for k in with_verdicts
+        if not k.endswith(TRAINING_SUFFIX) and not (not k.endswith(LAST_SUFFIX) and k + LAST_SUFFIX in with_verdicts)
+    ]
+    return [
+        (a, b)
+        for a, b in itertools.combinations(kept, 2)
+        if set(with_verdicts[a].verdicts) == set(with_verdicts[b].verdicts)
+    ]
+
+
+def mcnemar_markdown(tests: dict[str, dict]) -> str:
+    lines = [
+        f"Exact McNemar tests, p adjusted for the {len(tests)} pairs reported (Holm). By default every pair of "
+        "evaluations scored on the same tasks, a trained row by its last checkpoint (unbiased) where it has one, "
+        "never a training run's own validation.",
+        "",
+        "| A vs B | tasks | only A passed | only B passed | p (exact McNemar) | p (Holm) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {k} | {v['tasks']} | {v['only_a']} | {v['only_b']} | {v['p_value']:.4g} | {v['p_holm']:.4g} |"
+        for k, v in tests.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
 TABLE_FILES = ("table1.md", "ablation.md", "ood.md", "interaction.md", "runs.md", "mcnemar.md")
+
+
+CHECKPOINT_NOTE = (
+    "A trained row has two lines: its best checkpoint, selected on the held-out tasks it is then scored on (the "
+    "paper's protocol, and the line compared with the paper), and its last checkpoint, selected by nothing (the "
+    "unbiased score; mcnemar.md tests it).\n\n"
+)
+
+
+def checkpoint_rows(
+    runs: dict[str, RunResult], key: str, label: str, numbers: dict[str, float | None], unreadable: dict[str, str]
+) -> list[Row]:
+    """A trained row's lines: its best checkpoint (``key``), compared with the paper's ``numbers``, and its last
+    (``key__last``), shown beside it and compared with nothing."""
+    return [
+        Row(
+            f"{label} ({CHECKPOINT_LABELS[suffix]})",
+            runs[key + suffix].cells if key + suffix in runs else None,
+            numbers if suffix == "" else {},
+            unreadable.get(key + suffix, ""),
+        )
+        for suffix in CHECKPOINT_LABELS
+    ]
 
 
 def ablation_run(runs: dict[str, RunResult], key: str) -> RunResult | None:
@@ -320,22 +428,23 @@ def make_tables(
 
     unreadable = unreadable or {}
     os.makedirs(out_dir, exist_ok=True)
-    by_t1 = {table1_key(k): r for k, r in runs.items() if table1_key(k)}
 
-    def table1_row(b: str, t: str) -> Row:
-        run = by_t1.get((b, t))
-        return Row(
-            f"{b} {paper.TRAINING_NAMES[t]}", run and run.cells, paper.TABLE1[(b, t)], unreadable.get(row_key(b, t), "")
-        )
+    def table1_rows(b: str, t: str) -> list[Row]:
+        key, label = row_key(b, t), f"{b} {paper.TRAINING_NAMES[t]}"
+        if t == "base":  # an untrained model: nothing selected
+            return [Row(label, runs[key].cells if key in runs else None, paper.TABLE1[(b, t)], unreadable.get(key, ""))]
+        return checkpoint_rows(runs, key, label, paper.TABLE1[(b, t)], unreadable)
 
-    t1_rows = [table1_row(b, t) for b in paper.BACKBONES for t in paper.TRAININGS]
+    t1_rows = []
+    for b in paper.BACKBONES:
+        t1_rows += [row for t in paper.TRAININGS for row in table1_rows(b, t)]
+        if b == BACKBONE_KEYS[PAPER_METHOD[0].partition("__")[0]]:
+            t1_rows += checkpoint_rows(runs, PAPER_METHOD[0], PAPER_METHOD[1], {}, unreadable)
     t1_rows += [Row(f"{m} (paper's reference)", None, {"average": v}) for m, v in paper.REFERENCE_MODELS.items()]
     ab_rows = []
     for key, numbers in paper.ABLATION.items():
-        run = ablation_run(runs, key)
-        ab_rows.append(
-            Row(paper.ABLATION_NAMES[key], run and run.cells, numbers, "" if run else unreadable.get(key, ""))
-        )
+        folder = key if key in runs or key in unreadable else ABLATION_FALLBACK.get(key, key)
+        ab_rows += checkpoint_rows(runs, folder, paper.ABLATION_NAMES[key], numbers, unreadable)
     ood_rows = []
     for b, t in paper.OOD:
         run = ood_run(runs, row_key(b, t))
@@ -346,8 +455,10 @@ def make_tables(
     effects = interaction({r: run for r, run in factorial.items()}) if all(factorial.values()) else {}
     texts = {
         "table1.md": "Table 1 (accuracy %, ours ± standard error / paper / ours − paper ± standard error)\n\n"
+        + CHECKPOINT_NOTE
         + comparison_table(t1_rows, TABLE_COLUMNS, TABLE1_WEIGHTS, TABLE1_SIZES),
-        "ablation.md": "Ablation on Qwen2.5-7B-Instruct (accuracy %, ours / paper / difference)\n\n"
+        "ablation.md": "Table 3, the ablation on Qwen2.5-7B-Instruct (accuracy %, ours / paper / difference)\n\n"
+        + CHECKPOINT_NOTE
         + comparison_table(ab_rows, TABLE_COLUMNS, TABLE1_WEIGHTS, TABLE1_SIZES),
         "ood.md": "Out-of-distribution (accuracy %, ours / paper / difference): BFCL V4 and tau2-bench\n\n"
         + comparison_table(ood_rows, ood_titles, OOD_WEIGHTS, paper.OOD_TASKS),
@@ -358,22 +469,15 @@ def make_tables(
     }
     with_verdicts = {k: r for k, r in runs.items() if r.verdicts}
     if pairs is None:
-        pairs = [
-            (a, b)
-            for a, b in itertools.combinations(with_verdicts, 2)
-            if set(with_verdicts[a].verdicts) == set(with_verdicts[b].verdicts)
-        ]
+        pairs = default_pairs(with_verdicts)
     tests = {
         f"{a} vs {b}": mcnemar(runs[a].verdicts, runs[b].verdicts)
         for a, b in pairs
         if a in with_verdicts and b in with_verdicts
     }
-    lines = [
-        "| A vs B | tasks | only A passed | only B passed | p (exact McNemar) |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    lines += [f"| {k} | {v['tasks']} | {v['only_a']} | {v['only_b']} | {v['p_value']:.4g} |" for k, v in tests.items()]
-    texts["mcnemar.md"] = "\n".join(lines) + "\n"
+    for test, adjusted in zip(tests.values(), holm([t["p_value"] for t in tests.values()])):
+        test["p_holm"] = adjusted
+    texts["mcnemar.md"] = mcnemar_markdown(tests)
     for name, text in texts.items():
         Path(out_dir, name).write_text(text)
     summary = {

@@ -5,8 +5,10 @@
     python scripts/reproduce.py --rehearse [--out experiments/rehearsal] [--rows ROW,ROW] [--steps N]
 
 ``--plan`` prints every command of the GPU reproduction in order — the training run of each Table-1 and ablation
-row, ``seal.eval`` of each trained checkpoint and base model, the out-of-distribution evaluation of each Table-1
-row, ``make_tables.py`` — with the table cells each fills and its estimated GPU-hours.
+row and of SEAL as the paper describes it, ``seal.eval`` of each trained run's best and last checkpoint and of each
+base model, the out-of-distribution evaluation of each row of the paper's OOD table, ``make_tables.py`` — with the
+table cells each fills and, per training and evaluation, a range of GPU-hours for H100 and A100 80GB GPUs with
+what it assumed (listed at the end).
 
 ``--rehearse`` runs that chain on this machine from the same recipes, with only what a CPU machine cannot run
 swapped (``seal/config/swap/cpu.yaml``; the base models become the untrained tiny model, a stub endpoint stands in
@@ -30,40 +32,94 @@ if str(ROOT) not in sys.path:
 from seal.report import reproduction  # noqa: E402
 
 
-def step_cost(step: reproduction.Step) -> reproduction.Cost | None:
-    """The estimate for a train or eval step, from the recipe it composes (its switches included)."""
-    from seal.launch import compose_recipe
-
+def step_costs(step: reproduction.Step) -> list[reproduction.Cost]:
+    """The estimates for a train or eval step, from the recipe it composes (its switches included): for each GPU
+    type, the low and the high end of the range (empty when the model's size is unknown)."""
     if step.kind not in ("train", "eval"):
-        return None
+        return []
     overrides = [a for a in step.argv[step.argv.index(step.recipe) + 1 :] if "=" in a and not a.startswith("-")]
-    config = compose_recipe(str(ROOT / step.recipe), overrides)
-    return reproduction.cost(config, step.kind)
+    # the run's names and folders change nothing the estimate reads: rows of one recipe share one composition
+    switches = tuple(o for o in overrides if o.partition("=")[0] not in reproduction.RUN_KEYS)
+    config = reproduction.composed(step.recipe, switches)
+    found = [
+        reproduction.cost(config, step.kind, gpu, a) for gpu in reproduction.GPU_TYPES for a in reproduction.ASSUMPTIONS
+    ]
+    return [c for c in found if c is not None]
+
+
+def hours(value: float) -> str:
+    return f"{value:.{1 if value >= 1 else 2}f}"
+
+
+def cost_lines(step: reproduction.Step, costs: list[reproduction.Cost]) -> list[str]:
+    """Per GPU type the range, and for a training row what it assumed of its own recipe: steps, episodes, the FLOPs
+    factor, decode throughput from the KV cache's capacity."""
+    first = costs[0]
+    lines = []
+    if step.kind == "train":
+        lines.append(
+            f"    {first.steps} steps, {first.train_episodes} training episodes, {first.val_episodes} validation "
+            f"episodes; {first.flops_per_parameter} training FLOPs per parameter and token"
+        )
+    for gpu in reproduction.GPU_TYPES:
+        ends = [c for c in costs if c.gpu == gpu]
+        low, high = ends[0], ends[-1]
+        decode = ", ".join(
+            f"{c.assumptions.name}: KV cache {c.decode.kv_tokens:,} tokens holds {c.decode.at_once} of "
+            f"{c.decode.sequences} contexts of {c.decode.context:,} -> {c.decode.tokens_per_s:,.0f} tokens/s"
+            for c in (low, high)
+        )
+        lines.append(
+            f"    ~{hours(low.gpu_hours)}-{hours(high.gpu_hours)} GPU-hours on {first.gpus} x {gpu.name} "
+            f"(decode per replica, {decode})"
+        )
+    return lines
+
+
+def print_assumptions() -> None:
+    print("The GPU-hour ranges are estimates, not measurements (docs/reproduce.md); their assumptions, low / high:")
+    low, high = reproduction.ASSUMPTIONS
+    for name in vars(low):
+        if name != "name":
+            print(f"  {name}: {getattr(low, name)} / {getattr(high, name)}")
+    print(
+        f"  training FLOPs per parameter and token: {reproduction.TRAIN_FLOPS_PER_PARAMETER} "
+        f"(+{reproduction.RECOMPUTE_FLOPS_PER_PARAMETER} with gradient checkpointing)"
+    )
+    for gpu in reproduction.GPU_TYPES:
+        print(
+            f"  {gpu.name}: {gpu.peak_flops / 1e12:.0f} TFLOP/s dense bf16, {gpu.bandwidth / 1e12:.2f} TB/s, "
+            f"{gpu.memory_gib:.0f} GiB"
+        )
+    print(
+        "  decode: memory-bound; per replica, the contexts the KV cache holds at once (capacity as "
+        "`launcher.py --dry-run` prints it) share each step's read of the weights and their KV"
+    )
 
 
 def print_plan(out: str) -> None:
     steps = reproduction.plan(out)
-    totals: dict[str, float] = {}
+    totals: dict[tuple[str, str], list[float]] = {}
     print(f"# The paper's reproduction on GPUs: {len(steps)} commands, in order (outputs under {out}/)\n")
     for i, step in enumerate(steps, 1):
-        found = step_cost(step)
+        costs = step_costs(step)
         print(f"{i:2d}. [{step.kind}] {step.fills}")
         print(f"    {step.command()}")
-        if found is not None:
-            what = f"{found.steps} steps, {found.train_episodes} training episodes, " if step.kind == "train" else ""
-            print(
-                f"    ~{found.gpu_hours:.{1 if found.gpu_hours >= 1 else 2}f} GPU-hours on {found.gpus} GPU(s) ({what}{found.val_episodes} validation episodes)"
-            )
-            totals[step.kind] = totals.get(step.kind, 0.0) + found.gpu_hours
+        if costs:
+            for line in cost_lines(step, costs):
+                print(line)
+            for c in costs:
+                totals.setdefault((c.gpu.name, step.kind), [0.0, 0.0])[
+                    c.assumptions is reproduction.ASSUMPTIONS[1]
+                ] += c.gpu_hours
     print(
-        "\nserve / ood: one vLLM server per Table-1 row; USER_ENDPOINT/USER_MODEL: tau2's user simulator (docs/ood.md)."
+        "\nserve / ood: one vLLM server per row of the paper's OOD table (the Qwen backbones; the ToolACE rows fill no "
+        "OOD cell and are not evaluated there); USER_ENDPOINT/USER_MODEL: tau2's user simulator (docs/ood.md)."
     )
-    print(
-        "GPU-hours are estimates from each recipe's sizes (steps, tasks, rollouts, max_model_len) and the assumptions "
-        "in seal/report/reproduction.py (docs/reproduce.md), not measurements: "
-        + ", ".join(f"{kind} {hours:.0f}" for kind, hours in totals.items())
-        + f", in all {sum(totals.values()):.0f} (OOD not estimated: about 1-2 GPU-hours a row, mostly tau2)."
-    )
+    for gpu in reproduction.GPU_TYPES:
+        parts = [f"{kind} {low:.0f}-{high:.0f}" for (name, kind), (low, high) in totals.items() if name == gpu.name]
+        print(f"GPU-hours on {gpu.name}: " + ", ".join(parts) + " (OOD not estimated: about 1-2 GPU-hours a row).")
+    print_assumptions()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print_plan(args.out or "experiments/paper")
         return 0
-    known = {step.row for step in reproduction.plan()} - {""}
+    known = set(reproduction.rows())
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
     unknown = sorted(set(rows or ()) - known)
     if unknown:

@@ -34,7 +34,7 @@ def category_average(metrics: dict) -> dict:
 
 
 def validation_table(metrics: dict, step: int) -> str:
-    """A per-category accuracy table (percent), the form of the paper's Table 2."""
+    """A per-category accuracy table (percent), the form of the paper's Table 1."""
     rows = [f"validation @ step {step}", f"{'category':<28}{'accuracy %':>12}{'progress':>10}"]
     for c in CATEGORY_NAMES:
         acc = metrics.get(f"val-core/{c}/reward/mean@1")

@@ -6,6 +6,7 @@ import math
 
 import pyarrow.parquet as pq
 import pytest
+from scipy.stats import binomtest
 
 from env_service.tasks import task_ids
 from seal.eval import report
@@ -50,7 +51,13 @@ def test_accuracy_and_binomial_standard_errors():
     assert table["base"].stderr == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
     assert table["miss_func"].accuracy == 0.2 and "long_context" not in table  # env failures left out
     assert table["average"].accuracy == pytest.approx((0.75 + 0.2) / 2)
-    assert table["average"].stderr == pytest.approx(math.sqrt(0.75 * 0.25 / 4 + 0.2 * 0.8 / 5) / 2)
+    # both categories are small (fewer than 5 failures, passes): each enters with its Wilson half-width / z (scipy's)
+    half = []
+    for passed, n in ((3, 4), (1, 5)):
+        ci = binomtest(passed, n).proportion_ci(confidence_level=0.95, method="wilson")
+        half.append((ci.high - ci.low) / 2 / 1.959964)
+    assert table["average"].stderr == pytest.approx(math.hypot(*half) / 2)
+    assert table["average"].passed is None  # 4 and 5 tasks: the mean (47.5 %) is not the pooled 4/9
 
 
 def test_failure_profile_shares_per_category():
@@ -77,7 +84,10 @@ def test_write_report_files(tmp_path):
     # 1 of 3 passed: too few for ± se; the 95 % Wilson interval (by hand: (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) /
     # (1 + z²/n) with z = 1.96), and an Average over one category says so
     assert "| m | 33.33 [6.15, 79.23] (1 of 4 categories) |" in (tmp_path / "table.md").read_text()
-    assert (tmp_path / "table.csv").read_text().splitlines()[1].startswith("m,33.3333,27.2166,3")
+    # the Average's SE, which averages and differences combine, is that interval's half-width / z (scipy's Wilson)
+    ci = binomtest(1, 3).proportion_ci(confidence_level=0.95, method="wilson")
+    average_se = 100 * (ci.high - ci.low) / 2 / 1.959964
+    assert (tmp_path / "table.csv").read_text().splitlines()[1].startswith(f"m,33.3333,{average_se:.4f},3")
 
 
 def test_task_selection():
@@ -121,11 +131,17 @@ def test_a_training_checkpoint_means_its_huggingface_export(tmp_path):
     (step / "actor" / "huggingface").mkdir(parents=True)
     assert resolve_model(str(step)) == str(step)  # no export yet: the launcher's preflight names the problem
     (step / "actor" / "huggingface" / "config.json").write_text("{}")
+    assert resolve_model(str(step)) == str(step)  # verl's config without weights is no model
+    (step / "actor" / "huggingface" / "model.safetensors").write_text("")
     assert resolve_model(str(step)) == str(step / "actor" / "huggingface")
     (step / "huggingface").mkdir()
     (step / "huggingface" / "config.json").write_text("{}")
+    (step / "huggingface" / "model.safetensors").write_text("")
     assert resolve_model(str(step)) == str(step / "huggingface")
     assert resolve_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+    # the checkpoint folder means its latest checkpoint: the last step of a run that saved it
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
+    assert resolve_model(str(tmp_path)) == str(step / "huggingface")
 
 
 def test_small_samples_show_a_wilson_interval_not_a_zero_error():

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from scipy.stats import binomtest
@@ -154,7 +155,10 @@ def test_every_paper_cell_of_table1_ablation_and_ood_is_printed(runs, tmp_path):
     script.main([str(runs), "--out", str(tmp_path), "--val-file", str(VAL_FILE)])
     table1, ood = (tmp_path / "table1.md").read_text(), (tmp_path / "ood.md").read_text()
     for (backbone, training), numbers in paper_numbers.TABLE1.items():
-        cells = row_of(table1, f"{backbone} {paper_numbers.TRAINING_NAMES[training]}").split(" | ")[1:]
+        label = f"{backbone} {paper_numbers.TRAINING_NAMES[training]}" + (
+            "" if training == "base" else " (best checkpoint)"
+        )
+        cells = row_of(table1, label).split(" | ")[1:]
         assert [c.split(" / ")[1] for c in cells] == [f"{numbers[c]:.2f}" for c in paper_numbers.COLUMNS]
     for (backbone, training), numbers in paper_numbers.OOD.items():
         cells = row_of(ood, f"{backbone} {paper_numbers.TRAINING_NAMES[training]}").split(" | ")[1:]
@@ -236,11 +240,12 @@ def test_factorial_interaction_paired_beside_the_papers_stated_and_implied(tmp_p
     script = load_script()
     assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "interaction.md").read_text()
-    # by hand, per task: 25-29 give 1-1-1+0 = -1, 35-44 give +1, the rest 0 -> mean 5/100 = +0.05;
-    # plug-in variance 15/100 - 0.05² = 0.1475 -> SE sqrt(0.1475/100) per category, /2 for the mean of four
+    # by hand, per task: 25-29 give 1-1-1+0 = -1, 35-44 give +1, the rest 0 -> mean 5/100 = +0.05; the sample
+    # variance (n - 1), as numpy computes it -> SE sqrt(variance/100) per category, /2 for the mean of four
+    variance = float(np.var([-1] * 5 + [1] * 10 + [0] * 85, ddof=1))
     ours = row_of(text, "ours (paired on 400 shared tasks)").split(" | ")[1:]
-    per_category = f"+5.00 ± {100 * math.sqrt(0.1475 / 100):.2f}"
-    assert ours == [f"+5.00 ± {100 * math.sqrt(0.1475 / 100) / 2:.2f}"] + [per_category] * 3 + [per_category + " |"]
+    per_category = f"+5.00 ± {100 * math.sqrt(variance / 100):.2f}"
+    assert ours == [f"+5.00 ± {100 * math.sqrt(variance / 100) / 2:.2f}"] + [per_category] * 3 + [per_category + " |"]
     assert row_of(text, "paper, as its revised abstract states").split(" | ")[1] == "+5.00"
     implied = row_of(text, "paper, as its own ablation cells imply (± SE of independent binomial cells)")
     # 40.25 − 32.75 − 35.75 + 30.75; Base 58 − 48 − 52 + 46; Miss Func 36 − 27 − 31 + 27; ...
@@ -276,7 +281,7 @@ def test_partial_average_is_not_compared_and_unreadable_runs_are_named(runs, tmp
         script.main([str(root), "--out", str(tmp_path / "out"), "--val-file", str(tmp_path / "nowhere.parquet")]) == 0
     )
     table1 = (tmp_path / "out" / "table1.md").read_text()
-    average = row_of(table1, "Qwen2.5-3B-Instruct + SEAL").split(" | ")[1]
+    average = row_of(table1, "Qwen2.5-3B-Instruct + SEAL (best checkpoint)").split(" | ")[1]
     assert average == "100.00 [72.25, 100.00] (partial: 1 of 4) / 14.00 / –"
     vanilla = next(line for line in table1.splitlines() if line.startswith("| Qwen2.5-7B-Instruct + Vanilla RL"))
     assert "(run unreadable: " in vanilla and "qwen2.5-7b__vanilla_rl" in vanilla and "metrics" in vanilla
@@ -298,3 +303,114 @@ def test_relative_paths_are_the_working_directorys_and_the_default_val_file_the_
     assert summary["runs"]["qwen2.5-7b__seal"]["note"] == ""  # its validation dump was read against the val file
     assert summary["runs"]["qwen2.5-7b__seal"]["path"] == str(tmp_path / "here" / "qwen2.5-7b__seal")
     assert "| qwen2.5-7b__base vs qwen2.5-7b__seal | 400 |" in (tmp_path / "tables_out" / "mcnemar.md").read_text()
+
+
+# ---- best and last checkpoints, the paper-method row, the statistics ---------------------------------------------
+
+
+def test_best_and_last_checkpoint_side_by_side_for_every_trained_row(tmp_path):
+    """Every trained row of Table 1 and the ablation (and the paper-method row) shows its best checkpoint, compared
+    with the paper, and its last, beside it and compared with nothing; the paper-method row has no paper cell."""
+    from seal.report import reproduction
+
+    runs = tmp_path / "runs"
+    trained = [t.row for t in reproduction.trainings()]
+    for i, row in enumerate(trained):
+        write_factorial_run(runs / row, 40 + i)  # best: 40 + i of 100 per category
+        write_factorial_run(runs / f"{row}{reproduction.LAST_SUFFIX}", 20 + i)  # last: 20 + i
+    script = load_script()
+    assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    table1, ablation = (tmp_path / "out" / "table1.md").read_text(), (tmp_path / "out" / "ablation.md").read_text()
+    labels = {(b, t): f"{b} {paper_numbers.TRAINING_NAMES[t]}" for b, t in paper_numbers.TABLE1 if t != "base"}
+    labels.update({name: paper_numbers.ABLATION_NAMES[name] for name in reproduction.ABLATIONS})
+    for i, row in enumerate(trained):
+        if row == reproduction.PAPER_METHOD:
+            table, label, paper = table1, "Qwen2.5-7B-Instruct + SEAL, as the paper describes it (no paper cell)", None
+        elif row in reproduction.ABLATIONS:
+            table, label, paper = ablation, labels[row], paper_numbers.ABLATION[row]["average"]
+        else:
+            backbone, _, training = row.partition("__")
+            key = (script.BACKBONE_KEYS[backbone], training)
+            table, label, paper = table1, labels[key], paper_numbers.TABLE1[key]["average"]
+        best = row_of(table, f"{label} (best checkpoint)").split(" | ")[1]
+        last = row_of(table, f"{label} (last checkpoint, unbiased)").split(" | ")[1]
+        assert best.startswith(f"{40 + i:.2f} ± ") and last.startswith(f"{20 + i:.2f} ± "), row
+        assert last.endswith(" / – / –"), row  # the unbiased score is not compared with a best-selected number
+        if paper is None:
+            assert best.endswith(" / – / –")
+        else:
+            assert f" / {paper:.2f} / {40 + i - paper:+.2f} ± " in best, row
+
+
+def test_mcnemar_tests_the_unbiased_runs_and_adjusts_by_holm(tmp_path):
+    runs = tmp_path / "runs"
+    write_factorial_run(runs / "qwen2.5-7b__base", 14)
+    write_factorial_run(runs / "qwen2.5-7b__seal", 45)  # best: left out, its row has a last checkpoint
+    write_factorial_run(runs / "qwen2.5-7b__seal__last", 30)
+    write_factorial_run(runs / "qwen2.5-7b__vanilla_rl", 25)  # no last: the only evaluation of its row
+    write_factorial_run(runs / "qwen2.5-7b__seal__training", 44)  # an evaluation folder named as a training run
+    script = load_script()
+    assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    tests = json.loads((tmp_path / "out" / "tables.json").read_text())["mcnemar"]
+    assert sorted(tests) == [
+        "qwen2.5-7b__base vs qwen2.5-7b__seal__last",
+        "qwen2.5-7b__base vs qwen2.5-7b__vanilla_rl",
+        "qwen2.5-7b__seal__last vs qwen2.5-7b__vanilla_rl",
+    ]
+    # by hand: per category the first k tasks pass, so A passes where B fails only when A's k is larger
+    only = {"qwen2.5-7b__base": 14, "qwen2.5-7b__seal__last": 30, "qwen2.5-7b__vanilla_rl": 25}
+    raw = {}
+    for name, test in tests.items():
+        a, b = name.split(" vs ")
+        only_a, only_b = 4 * max(only[a] - only[b], 0), 4 * max(only[b] - only[a], 0)
+        assert (test["only_a"], test["only_b"]) == (only_a, only_b)
+        raw[name] = binomtest(only_a, only_a + only_b, 0.5).pvalue  # exact McNemar = binomial test on discordant
+        assert test["p_value"] == pytest.approx(raw[name])
+    # Holm from first principles: the i-th smallest of m times (m - i + 1), running maximum, capped at 1
+    ordered = sorted(raw, key=raw.get)
+    expected, running = {}, 0.0
+    for i, name in enumerate(ordered):
+        running = max(running, min(1.0, (len(ordered) - i) * raw[name]))
+        expected[name] = running
+    assert {n: t["p_holm"] for n, t in tests.items()} == pytest.approx(expected)
+    assert "(Holm)" in (tmp_path / "out" / "mcnemar.md").read_text()
+
+
+def test_the_papers_small_cells_get_the_wilson_treatment_ours_get():
+    """Qwen2.5-3B base's Miss Param (3.00 = 3/100): in a difference, its Wilson half-width / z is its SE, as scipy's
+    Wilson interval gives it; a large cell keeps its binomial SE."""
+    script = load_script()
+    ours = script.Cell(0.10, math.sqrt(0.1 * 0.9 / 100), 100, 10)
+    small = script.paper_cell(3.00, {"miss_param": 1.0}, script.TABLE1_SIZES)
+    wilson = binomtest(3, 100).proportion_ci(confidence_level=0.95, method="wilson")
+    paper_se = (wilson.high - wilson.low) / 2 / 1.959964
+    assert script.difference(ours, small) == f"+7.00 ± {100 * math.hypot(ours.stderr, paper_se):.2f}"
+    large = script.paper_cell(40.00, {"base": 1.0}, script.TABLE1_SIZES)
+    assert script.difference(ours, large) == f"-30.00 ± {100 * math.hypot(ours.stderr, math.sqrt(0.24 / 100)):.2f}"
+
+
+def test_an_average_of_unequal_categories_is_shown_around_the_mean_it_prints():
+    """0/2 and 1/10: the mean of the two accuracies is 5 %, the pooled count 1/12; the cell prints 5.00 with the
+    categories' SEs (Wilson half-width / z for small ones, from scipy) combined, not the Wilson interval of 1/12."""
+    from seal.eval import report
+
+    average = report.average_cell([report.binomial_cell(0, 2), report.binomial_cell(1, 10)])
+    ses = []
+    for passed, n in ((0, 2), (1, 10)):
+        ci = binomtest(passed, n).proportion_ci(confidence_level=0.95, method="wilson")
+        ses.append((ci.high - ci.low) / 2 / 1.959964)
+    assert report.pct(average) == f"5.00 ± {100 * math.hypot(*ses) / 2:.2f}"
+    equal = report.average_cell([report.binomial_cell(0, 10), report.binomial_cell(1, 10)])  # mean = pooled 1/20
+    ci = binomtest(1, 20).proportion_ci(confidence_level=0.95, method="wilson")
+    assert report.pct(equal) == f"5.00 [{100 * ci.low:.2f}, {100 * ci.high:.2f}]"
+
+
+def test_the_interaction_note_says_where_the_papers_two_figures_come_from(tmp_path):
+    script = load_script()
+    text = script.interaction_table({}, {})
+    # by hand: the four ablation cells' binomial SEs on 400 tasks, independent
+    cells = (40.25, 32.75, 35.75, 30.75)
+    se = 100 * math.sqrt(sum(p / 100 * (1 - p / 100) / 400 for p in cells))
+    assert "come from different versions of the paper" in text and f"(± {se:.2f})" in text
+    assert f"+5.00 lies {5.00 / se:.2f} SE from 0 and +2.50 {2.50 / se:.2f} SE" in text
+    assert "neither is distinguishable from no interaction" in text

@@ -196,3 +196,45 @@ def test_dry_run_prints_the_estimate(monkeypatch, capsys):
     assert "80.0 GiB GPUs assumed (no GPU visible)" in out and "[seal] warning: the KV cache holds" in out
     assert "[seal]   rollout: 53.3 GiB of 80.0 GiB" in out
     assert "[seal]   training peak (12,288 tokens per micro-batch): 46.4 GiB of 80.0 GiB" in out
+
+
+# ToolACE-2-Llama-3.1-8B's config.json, by hand: 32 layers, 8 key/value heads of 128 (4096 / 32 heads), 8,030,261,248
+# parameters (published); K and V of every layer in bf16: 2 x 32 x 8 x 128 x 2 B = 131,072 B a token.
+KV_TOKEN_7B = 2 * 28 * 4 * 128 * 2  # 57,344 B
+KV_TOKEN_8B = 2 * 32 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize(
+    "recipe, parameters, kv_token, max_model_len",
+    [("SEAL.yaml", P_7B, KV_TOKEN_7B, 16384), ("toolace2_8b.yaml", 8_030_261_248, KV_TOKEN_8B, 18432)],
+)
+def test_kv_capacity_against_a_steps_demand_and_the_papers_value_by_hand(
+    recipe, parameters, kv_token, max_model_len, monkeypatch, capsys
+):
+    """What --dry-run prints of the KV cache, by hand from the model's config numbers: capacity per replica at the
+    released 0.4 and at the paper's 0.6 of an 80 GiB GPU; a train step's 32 tasks x 8 rollouts over 4 replicas and
+    validation's 400 tasks over 4, each up to max_model_len."""
+    from seal.launch import memory_estimate
+
+    weights = parameters * 2  # bf16, tensor parallel 1
+    capacity = (int(0.4 * 80 * GIB) - weights - 2 * GIB) // kv_token
+    paper_capacity = (int(0.6 * 80 * GIB) - weights - 2 * GIB) // kv_token
+    found = estimate(compose_recipe(str(ROOT / "exp" / recipe)), gpu_bytes=80 * GIB)
+    assert (found.kv_tokens, found.paper_kv_tokens) == (capacity, paper_capacity)
+    assert found.phase_sequences == {"train step": 32 * 8 // 4, "validation": 400 // 4}
+    monkeypatch.setattr(launch, "preflight", lambda config: [])  # no GPUs here: the node checks would refuse
+    monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
+    assert launch.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    train, val = 64 * max_model_len, 100 * max_model_len
+    assert (
+        f"KV cache per replica: capacity {capacity:,} tokens; demand at most: train step 64 sequences x "
+        f"{max_model_len:,} = {train:,} tokens ({train / capacity:.1f}x capacity); validation 100 sequences x "
+        f"{max_model_len:,} = {val:,} tokens ({val / capacity:.1f}x capacity)"
+    ) in out
+    rollout = (parameters * 12 / 4 + 0.6 * 80 * GIB) / GIB  # actor's fp32 parameters + Adam over 4, and vLLM's share
+    assert (
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 -> vLLM share 48.0 GiB (+16.0 GiB per GPU), KV cache "
+        f"{paper_capacity:,} tokens per replica; rollout {rollout:.1f} GiB of 80.0 GiB; training peak unchanged "
+        "(vLLM asleep)"
+    ) in out

@@ -131,3 +131,14 @@ def test_the_runs_secret_file_is_named_by_an_absolute_path(tmp_path, monkeypatch
     config = compose_recipe(str(ROOT / "exp" / "cpu_tiny.yaml"), ["seal.run_dir=run", "env_service.serve.workers=0"])
     with launch.environment_service(config):
         assert config.env_service.secret_file == f"{tmp_path}/run/env_service.secret"
+
+
+def test_a_gpu_less_head_node_is_not_a_node_of_nnodes():
+    """``ray.nodes()`` entries (the fields the count reads): a CPU-only head and two GPU workers make 2 nodes for a
+    CUDA trainer; a dead GPU node counts for nothing; a CPU trainer places ranks on every alive node."""
+    head = {"NodeID": "h", "Alive": True, "Resources": {"CPU": 16.0, "memory": 1e9}}
+    workers = [{"NodeID": f"w{i}", "Alive": True, "Resources": {"CPU": 64.0, "GPU": 8.0}} for i in range(2)]
+    dead = {"NodeID": "d", "Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}
+    nodes = [head, *workers, dead]
+    assert multinode.trainer_nodes(nodes, "cuda") == workers
+    assert multinode.trainer_nodes(nodes, "cpu") == [head, *workers]

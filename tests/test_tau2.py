@@ -187,3 +187,17 @@ def test_checkpoint_refuses_tau2_and_names_the_endpoint_path(tmp_path, capsys):
     assert seal_eval(argv) == 2
     assert "run `python -m seal.eval endpoint`" in capsys.readouterr().err
     assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_success_is_tau2s_reward_within_its_own_tolerance():
+    """tau2 counts a simulation as a success when its reward is within 1e-6 of 1 (its ``is_successful``, written
+    out here): a reward summed to 0.9999999 passes, 0.99 does not."""
+    from seal.eval.tau2 import record_of
+
+    def tau2_is_successful(reward: float) -> bool:
+        return (1 - 1e-6) <= reward <= (1 + 1e-6)
+
+    for reward in (1.0, 0.9999999, 1.0000001, 0.999998, 0.99, 0.0):
+        line = {"domain": "retail", "task_id": "0", "reward": reward, "agent_messages": 1}
+        line |= {"termination_reason": "agent_stop", "simulation_file": "s.json"}
+        assert record_of(line, {})["valid"] is tau2_is_successful(reward), reward

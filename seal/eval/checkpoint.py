@@ -10,6 +10,7 @@ results file (``seal.eval.results_path``).
 
 from __future__ import annotations
 
+import glob
 import os
 import threading
 
@@ -30,13 +31,34 @@ def default_recipe() -> str:
 
 
 def resolve_model(model: str) -> str:
-    """A training checkpoint directory (``global_step_N``, the ``best`` link) means its Hugging Face export
-    (``huggingface/``, written for the best checkpoint, or ``actor/huggingface/``); anything else is taken as is."""
-    if os.path.isdir(model) and not os.path.exists(os.path.join(model, "config.json")):
-        for sub in ("huggingface", os.path.join("actor", "huggingface")):
-            if os.path.exists(os.path.join(model, sub, "config.json")):
-                return os.path.join(model, sub)
+    """A training checkpoint folder (``trainer.default_local_dir``: its latest checkpoint, the run's last step when
+    the run saved it) or one checkpoint (``global_step_N``, the ``best`` link) means that checkpoint's Hugging Face
+    model (``huggingface/``, written for the best checkpoint, or ``actor/huggingface/`` when verl saved the weights
+    there); a checkpoint with neither but with its FSDP shards is exported first (``seal.validation.export_hf``).
+    Anything else is taken as is."""
+    latest = os.path.join(model, "latest_checkpointed_iteration.txt")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            model = os.path.join(model, f"global_step_{f.read().strip()}")
+    if not os.path.isdir(model) or os.path.exists(os.path.join(model, "config.json")):
+        return model
+    for sub in ("huggingface", os.path.join("actor", "huggingface")):
+        if _has_weights(os.path.join(model, sub)):
+            return os.path.join(model, sub)
+    if glob.glob(os.path.join(model, "actor", "model_world_size_*_rank_*.pt")):
+        from seal.validation import export_hf
+
+        return export_hf(model)
     return model
+
+
+def _has_weights(folder: str) -> bool:
+    """A Hugging Face model folder with its weights (verl writes ``config.json`` into ``actor/huggingface`` even
+    when it saves no weights there)."""
+    weights = ("*.safetensors", "*.bin", "*.safetensors.index.json")
+    return os.path.isfile(os.path.join(folder, "config.json")) and any(
+        glob.glob(os.path.join(folder, pattern)) for pattern in weights
+    )
 
 
 def eval_overrides(

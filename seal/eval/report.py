@@ -5,8 +5,10 @@ Average is the mean of the four category accuracies (= passes / 400 on the balan
 error is sqrt(sum of the categories' squared errors) / number of categories (categories are independent samples).
 Where fewer than 5 episodes passed or fewer than 5 failed, the normal approximation behind ``± se`` fails (0/2
 would read ``0.00 ± 0.00``): such a cell shows its 95 % Wilson score interval instead (of the pooled count, for an
-Average), and where it is combined (an average, a difference) its Wilson half-width / z stands in for its SE. An
-Average over fewer categories than the table's is marked with how many it covers.
+Average whose categories are of equal size), and where it is combined (an average, a difference) its Wilson
+half-width / z stands in for its SE. An Average of categories of unequal size is not the pooled share, so it shows
+``± se`` around the mean it prints. An Average over fewer categories than the table's is marked with how many it
+covers.
 Episodes the environment could not run are counted apart and left out, as in training validation.
 """
 
@@ -81,15 +83,25 @@ def binomial_cell(passed: int, n: int) -> Cell:
     return Cell(p, math.sqrt(p * (1 - p) / n) if n else float("nan"), n, passed)
 
 
+def pooled_cell(accuracy: float, stderr: float, n: int, passed: int) -> Cell:
+    """A cell combining categories: ``accuracy`` a (weighted) mean of theirs, ``passed`` of ``n`` their pooled
+    count. Where the mean is not the pooled share (categories of unequal size), a Wilson interval of the pooled count
+    would not be centred on the accuracy printed: the cell drops its count and shows ``± stderr`` (the categories'
+    honest SEs combined) instead."""
+    pooled = passed / n if n else float("nan")
+    return Cell(accuracy, stderr, n, passed if math.isclose(accuracy, pooled, abs_tol=1e-12) else None)
+
+
 def average_cell(cells: list[Cell]) -> Cell:
-    """The mean of category accuracies and its standard error (independent categories)."""
+    """The mean of category accuracies and its standard error (independent categories; a small category's Wilson
+    half-width / z in place of its SE)."""
     cells = [c for c in cells if c.n]
     if not cells:
         return Cell(float("nan"), float("nan"), 0, 0)
     k = len(cells)
-    return Cell(
+    return pooled_cell(
         sum(c.accuracy for c in cells) / k,
-        math.sqrt(sum(c.stderr**2 for c in cells)) / k,
+        math.sqrt(sum(honest_stderr(c) ** 2 for c in cells)) / k,
         sum(c.n for c in cells),
         sum(c.passed or 0 for c in cells),
     )

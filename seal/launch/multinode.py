@@ -44,6 +44,8 @@ LOCAL_IF_PRESENT = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tok
 SHARED_DIRS = ("trainer.default_local_dir", "seal.run_dir")
 MARKER_PREFIX = ".seal-shared-"
 PROBE_TIMEOUT_S = 120
+#: The Ray resource a trainer's ranks need, by ``trainer.device`` (a CPU trainer places its ranks anywhere).
+DEVICE_RESOURCES = {"cuda": "GPU", "npu": "NPU"}
 
 
 def absolute_paths(config: DictConfig) -> None:
@@ -115,7 +117,8 @@ def view_problems(node: str, view: dict, launcher: dict) -> list[str]:
 def cluster_problems(config: DictConfig) -> list[str]:
     """Run :func:`node_view` on every alive node of the Ray cluster (``ray_kwargs.ray_init.address``, default
     ``auto``) and name every difference from the launcher's own view, and a cluster smaller than
-    ``trainer.nnodes``. Connects to Ray unless this process already is."""
+    ``trainer.nnodes`` (nodes with the trainer's device: :func:`trainer_nodes`). Connects to Ray unless this process
+    already is."""
     import ray
 
     owns = not ray.is_initialized()
@@ -143,10 +146,12 @@ def _ask_nodes(config: DictConfig, markers: dict[str, list[str]]) -> list[str]:
 
     nodes = [node for node in ray.nodes() if node["Alive"]]
     problems = []
-    if len(nodes) < int(config.trainer.nnodes):
+    trainers = trainer_nodes(nodes, str(config.trainer.device))
+    if len(trainers) < int(config.trainer.nnodes):
+        kind = "" if str(config.trainer.device) == "cpu" else f" {DEVICE_RESOURCES[str(config.trainer.device)]}"
         problems.append(
-            f"trainer.nnodes={config.trainer.nnodes} but the Ray cluster has {len(nodes)} alive node(s): start the "
-            "others with `ray start --address=HEAD:6379` first"
+            f"trainer.nnodes={config.trainer.nnodes} but the Ray cluster has {len(trainers)} alive{kind} node(s): "
+            "start the others with `ray start --address=HEAD:6379` first"
         )
     paths = [path for path in _read_paths(config) if os.path.exists(path)]  # a missing one is preflight's business
     launcher = node_view(paths, {})
@@ -169,6 +174,13 @@ def _ask_nodes(config: DictConfig, markers: dict[str, list[str]]) -> list[str]:
             continue
         problems += view_problems(name, view, launcher)
     return problems
+
+
+def trainer_nodes(nodes: list[dict], device: str) -> list[dict]:
+    """The alive Ray nodes (``ray.nodes()`` entries) a trainer of ``device`` can place ranks on: with GPUs, those
+    that have one (a GPU-less head node is no node of ``trainer.nnodes``); on CPU, every node."""
+    resource = DEVICE_RESOURCES.get(device)
+    return [n for n in nodes if n["Alive"] and (resource is None or n.get("Resources", {}).get(resource, 0) > 0)]
 
 
 def _read_paths(config: DictConfig) -> list[str]:

@@ -1,8 +1,11 @@
 """The paper's reproduction as one plan of commands, and the same plan rehearsed on CPU.
 
 ``plan(out)`` lists what reproduces every number of the paper's tables on a GPU node, in order: train each row's
-recipe, evaluate each trained checkpoint and each base model on the held-out tasks, evaluate each Table-1 row out
-of distribution, build the tables. Each step is the command a user would type.
+recipe, evaluate each trained run's best checkpoint (selected on the held-out tasks it is then scored on: the paper's
+protocol, compared with the paper) and its last checkpoint (selected by nothing: the unbiased score) and each base
+model on the held-out tasks, evaluate each row of the paper's OOD table out of distribution, build the tables. Each
+step is the command a user would type. Besides the paper's rows it trains one extra row, SEAL as the paper describes
+it (:data:`PAPER_METHOD`), which has its own line in Table 1 and no paper cell to be compared with.
 
 ``rehearsal(out)`` is that plan with only what cannot exist on a CPU machine swapped: the keys of
 ``seal/config/swap/cpu.yaml`` (hardware, rollout backend, model, sizes, steps, tasks) added to each training and
@@ -13,12 +16,14 @@ nothing else.
 
 Folder layout under ``out`` (``scripts/make_tables.py`` finds rows by folder name):
 ``runs/<row>__training`` (a training run's ``seal.run_dir``), ``checkpoints/<row>``, ``runs/<row>`` (``seal.eval``
-of the row's model), ``runs/<row>__ood`` (its out-of-distribution evaluation), ``tables/``.
+of the row's model: its best checkpoint for a trained row), ``runs/<row>__last`` (of its last checkpoint),
+``runs/<row>__ood`` (its out-of-distribution evaluation), ``tables/``.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -40,6 +45,13 @@ BACKBONES = {
 #: The ablation (Qwen2.5-7B): its rows are the recipes' experiment names; full SEAL and Vanilla RL are Table 1's.
 ABLATIONS = ("wo_env_adaptation", "wo_reweighting", "wo_closed_loop")
 VANILLA_RECIPE = "exp/vanilla_rl.yaml"
+
+#: The extra row: SEAL as the paper describes it (schema cues, recovery feedback and capability cues; the released
+#: recipe, and so every other SEAL row, has schema cues only), on Qwen2.5-7B. The paper has no cell for it.
+PAPER_METHOD = "qwen2.5-7b__seal_paper_method"
+PAPER_METHOD_RECIPE = "exp/SEAL_interface_evolution.yaml"
+#: The folder suffix of a trained row's last-checkpoint evaluation (``runs/<row>`` holds its best checkpoint's).
+LAST_SUFFIX = "__last"
 
 OOD_BFCL = ("memory_kv", "memory_vector", "memory_rec_sum", "web_search_base", "web_search_no_snippet")
 OOD_TAU2 = ("tau2_retail", "tau2_airline", "tau2_telecom")
@@ -137,20 +149,43 @@ def trainings() -> list[Training]:
         else:
             runs.append(Training(f"{backbone}__vanilla_rl", recipe, vanilla))
     runs += [Training(name, f"exp/{name}.yaml") for name in ABLATIONS]
-    return runs
+    return [*runs, Training(PAPER_METHOD, PAPER_METHOD_RECIPE)]
 
 
 def table1_rows() -> list[str]:
     return [f"{backbone}__{training}" for backbone in BACKBONES for training in ("base", "vanilla_rl", "seal")]
 
 
+def rows() -> list[str]:
+    """Every row the plan trains or evaluates: Table 1's, the ablation's, the paper-method row."""
+    return [*table1_rows(), *ABLATIONS, PAPER_METHOD]
+
+
+def ood_rows() -> list[str]:
+    """The rows of the paper's OOD table (the Qwen backbones'): the ToolACE rows fill no OOD cell, so the plan does
+    not evaluate them out of distribution."""
+    from seal.report import paper_numbers
+
+    names = {hub.split("/")[-1]: backbone for backbone, (_recipe, hub) in BACKBONES.items()}
+    return [f"{names[backbone]}__{training}" for backbone, training in paper_numbers.OOD]
+
+
 def fills(row: str) -> str:
+    if row == PAPER_METHOD:
+        return "Table 1, extra row: Qwen2.5-7B-Instruct + SEAL, as the paper describes it (no paper cell)"
     if row in ABLATIONS:
-        return f"ablation: {row}"
+        return f"Table 3 (ablation): {row}"
     backbone, _, training = row.partition("__")
     return f"Table 1: {BACKBONES[backbone][1].split('/')[-1]} {training}" + (
         " (and the ablation's row)" if row in ("qwen2.5-7b__seal", "qwen2.5-7b__vanilla_rl") else ""
     )
+
+
+def eval_fills(row: str, checkpoint: str) -> str:
+    """What a trained row's evaluation of its ``best`` or ``last`` checkpoint fills."""
+    if checkpoint == "best":
+        return f"{fills(row)}; best checkpoint (selected on these tasks: the paper's protocol)"
+    return f"{fills(row)}; last checkpoint (unbiased)"
 
 
 # ---- the plan --------------------------------------------------------------------------------------
@@ -160,7 +195,14 @@ def layout(out: str) -> dict[str, str]:
     return {"runs": os.path.join(out, "runs"), "checkpoints": os.path.join(out, "checkpoints")}
 
 
+#: The keys a training command sets for its row (names, folders, when to save), besides the recipe's switches.
+RUN_KEYS = ("trainer.experiment_name", "seal.run_dir", "trainer.default_local_dir", "trainer.save_freq")
+
+
 def train_argv(run: Training, out: str) -> list[str]:
+    """The launcher command of a training row; ``trainer.save_freq`` at the run's step count saves its last step
+    (verl saves the last step whenever save_freq is positive), which the recipes' 0 does not: the last checkpoint's
+    unbiased evaluation needs it."""
     where = layout(out)
     return [
         "python",
@@ -171,7 +213,20 @@ def train_argv(run: Training, out: str) -> list[str]:
         f"trainer.experiment_name={run.row}",
         f"seal.run_dir={where['runs']}/{run.row}__training",
         f"trainer.default_local_dir={where['checkpoints']}/{run.row}",
+        f"trainer.save_freq={_planned_steps(run.recipe, run.switches)}",
     ]
+
+
+def _planned_steps(recipe: str, switches: tuple[str, ...]) -> int:
+    return training_steps(composed(recipe, switches))
+
+
+@functools.cache
+def composed(recipe: str, switches: tuple[str, ...] = ()):
+    """``recipe`` composed with ``switches`` (once: the plan's rows share recipes; read it, do not change it)."""
+    from seal.launch import compose_recipe
+
+    return compose_recipe(str(REPO / recipe), list(switches))
 
 
 def eval_argv(row: str, recipe: str, model: str, out: str, switches: tuple[str, ...] = ()) -> list[str]:
@@ -196,16 +251,19 @@ def plan(out: str = "experiments/paper") -> list[Step]:
     runs = trainings()
     by_row = {run.row: run for run in runs}
     steps = [Step("train", run.row, train_argv(run, out), fills(run.row), run.recipe) for run in runs]
-    for row in table1_rows() + list(ABLATIONS):
+    for row in rows():
         backbone, _, training = row.partition("__")
         if training == "base":
             recipe, model = BACKBONES[backbone]
             steps.append(Step("eval", row, eval_argv(row, recipe, model, out), fills(row), recipe))
-        else:
-            run = by_row[row]
-            best = f"{layout(out)['checkpoints']}/{row}/best"
-            steps.append(Step("eval", row, eval_argv(row, run.recipe, best, out, run.switches), fills(row), run.recipe))
-    for row in table1_rows():
+            continue
+        run = by_row[row]
+        checkpoints = f"{layout(out)['checkpoints']}/{row}"
+        # best: the `best` link; last: the checkpoint folder, whose latest checkpoint seal.eval resolves
+        for name, model, checkpoint in ((row, f"{checkpoints}/best", "best"), (row + LAST_SUFFIX, checkpoints, "last")):
+            argv = eval_argv(name, run.recipe, model, out, run.switches)
+            steps.append(Step("eval", name, argv, eval_fills(row, checkpoint), run.recipe))
+    for row in ood_rows():
         backbone, _, training = row.partition("__")
         recipe, hub = BACKBONES[backbone]
         model = hub if training == "base" else f"{layout(out)['checkpoints']}/{row}/best/huggingface"
@@ -217,34 +275,81 @@ def plan(out: str = "experiments/paper") -> list[Step]:
         endpoint = f"http://127.0.0.1:{SERVE_PORT}/v1"
         steps += [Step("ood", row, argv, ood, recipe) for argv in ood_argvs(row, endpoint, row, out, recipe, OOD_BFCL)]
     tables = ["python", "scripts/make_tables.py", layout(out)["runs"], "--out", os.path.join(out, "tables")]
-    steps.append(Step("tables", "", tables, "Table 1, the ablation, the OOD table, accuracy_over_steps.png"))
+    steps.append(Step("tables", "", tables, "Table 1, Table 3 (the ablation), the OOD table, accuracy_over_steps.png"))
     return steps
 
 
-# ---- GPU-hours -------------------------------------------------------------------------------------
+# ---- GPU-hours -------------------------------------------------------------------------------------------------
 
-#: The estimate's assumptions (not measurements; docs/reproduce.md): an episode's sequence reaches
-#: SEQUENCE_SHARE of the recipe's max_model_len, of which GENERATED_SHARE is generated; training runs 10 FLOPs per
-#: parameter and token (actor forward and backward 6, old-policy and reference forwards 2 each) at TRAIN_MFU of
-#: an H100's dense bf16 peak; vLLM decodes DECODE_TOKENS_PER_S tokens a second per GPU for a 7B model, inversely
-#: with model size.
-SEQUENCE_SHARE = 0.5
-GENERATED_SHARE = 0.25
-PEAK_FLOPS = 989e12
-TRAIN_MFU = 0.3
-DECODE_TOKENS_PER_S = 2000.0
-DECODE_REFERENCE_PARAMETERS = 7.6e9
+#: FLOPs per parameter and token of a training step: the actor's forward (2) and backward (4), the old-policy and
+#: reference log-probabilities (2 each), and the actor's forward again in backward under gradient checkpointing (2).
+TRAIN_FLOPS_PER_PARAMETER = 10
+RECOMPUTE_FLOPS_PER_PARAMETER = 2
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """A GPU the estimate is made for: dense bf16 peak (FLOP/s), memory bandwidth (bytes/s), memory (GiB)."""
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+    memory_gib: float
+
+
+#: The recipes ask for 80 GB GPUs; these are the two common ones (SXM parts, vendors' datasheets).
+GPU_TYPES = (GpuType("H100 80GB SXM", 989e12, 3.35e12, 80.0), GpuType("A100 80GB SXM", 312e12, 2.039e12, 80.0))
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """One end of the estimate's range: what is not in a recipe, assumed (docs/reproduce.md says why each)."""
+
+    name: str
+    mfu: float  # share of the dense peak that training and prefill reach
+    bandwidth_share: float  # share of memory bandwidth a decode step reaches (enforce_eager: no CUDA graphs)
+    sequence_share: float  # an episode's final context, as a share of max_model_len
+    generated_share: float  # generated tokens, as a share of that context
+    model_calls: int  # per episode; each call prefills its context again, less what vLLM's prefix cache holds
+    prefix_cache_hit: float  # share of an earlier context the prefix cache still holds (preemption evicts it)
+    sync_s: float  # per training step: weights to vLLM, vLLM's sleep and wake
+    environment_s: float  # per training step: environment time that generation does not hide
+    save_bytes_per_s: float  # checkpoint write speed
+    saves: str  # "last": the last step and one best; "every": also a new best at every validation
+    startup_s: float  # Ray, the environment service, model loading, vLLM start-up
+
+
+ASSUMPTIONS = (
+    Assumptions("low", 0.40, 0.6, 0.4, 0.25, 6, 0.8, 20.0, 10.0, 2e9, "last", 600.0),
+    Assumptions("high", 0.25, 0.3, 0.6, 0.25, 12, 0.0, 60.0, 60.0, 0.5e9, "every", 1200.0),
+)
+
+
+@dataclass(frozen=True)
+class Decode:
+    """Decode on one rollout replica, derived from the recipe's KV cache (``launcher.py --dry-run``'s numbers)."""
+
+    kv_tokens: int  # the KV cache's capacity per replica
+    sequences: int  # a phase's sequences per replica
+    at_once: int  # of them running at once: within max_num_seqs and what the KV cache holds at ``context``
+    context: int  # tokens an episode holds in the KV cache
+    tokens_per_s: float  # per replica
 
 
 @dataclass(frozen=True)
 class Cost:
-    """What a step runs (training steps, episodes) and its estimated GPU-hours."""
+    """What a step runs (training steps, episodes) and its estimated GPU-hours on one GPU type and one end of the
+    range, with the decode it assumed."""
 
     steps: int
     train_episodes: int
     val_episodes: int
     gpu_hours: float
     gpus: int
+    gpu: GpuType
+    assumptions: Assumptions
+    decode: Decode
+    flops_per_parameter: int
 
 
 def training_steps(config) -> int:
@@ -262,27 +367,60 @@ def validations(config, steps: int) -> int:
     return int(bool(config.trainer.val_before_train)) + periodic
 
 
-def cost(config, kind: str) -> Cost | None:
-    """The estimate for a ``train`` or ``eval`` step's composed config; None when the model's size is unknown."""
-    from seal.launch.memory_estimate import data_rows, model_shape
+def decode_rate(found, sequences: int, context: int, max_num_seqs: int, gpu: GpuType, share: float) -> Decode:
+    """Decode is memory-bound: a step reads the replica's weights once and the KV of every running sequence, and
+    yields one token per running sequence; what runs at once is what the KV cache holds at ``context`` tokens each."""
+    at_once = max(1, min(sequences, max_num_seqs, found.kv_tokens // max(context, 1)))
+    step_bytes = found.vllm_weight_bytes + at_once * context * found.kv_bytes_per_token / found.tensor_parallel
+    return Decode(found.kv_tokens, sequences, at_once, context, at_once * gpu.bandwidth * share / step_bytes)
 
-    found = model_shape(str(config.actor_rollout_ref.model.path))
+
+def cost(config, kind: str, gpu: GpuType = GPU_TYPES[0], assume: Assumptions = ASSUMPTIONS[0]) -> Cost | None:
+    """The estimate for a ``train`` or ``eval`` step's composed config on ``gpu`` under ``assume``; None when the
+    model's size is unknown. Wall-clock time of the run times its GPUs."""
+    from seal.launch.memory_estimate import ADAM_STATE_BYTES, DTYPE_BYTES, GIB, data_rows, estimate
+
+    found = estimate(config, gpu_bytes=gpu.memory_gib * GIB)
     if found is None:
         return None
-    parameters = found[0].parameters
-    sequence = SEQUENCE_SHARE * int(config.actor_rollout_ref.rollout.max_model_len)
-    val_rows = data_rows(config.data.val_files, REPO)
+    aro = config.actor_rollout_ref
+    gpus, parameters = found.gpus, found.parameters
+    context = int(assume.sequence_share * found.max_model_len)
+    generated = int(assume.generated_share * context)
+    # each model call after the first prefills the context so far (on average half the final one) again, less what
+    # the prefix cache still holds; the context's own tokens that are not generated are prefilled once
+    prefill = context - generated + (assume.model_calls - 1) * context / 2 * (1 - assume.prefix_cache_hit)
+    flops_rate = gpus * gpu.peak_flops * assume.mfu
+    recompute = RECOMPUTE_FLOPS_PER_PARAMETER if aro.model.get("enable_gradient_checkpointing") else 0
+    flops = TRAIN_FLOPS_PER_PARAMETER + recompute
+
+    def rollout_s(episodes: int) -> tuple[float, Decode]:
+        replicas = found.replicas
+        per_replica = math.ceil(episodes / replicas)
+        rate = decode_rate(found, per_replica, context, int(aro.rollout.max_num_seqs), gpu, assume.bandwidth_share)
+        return episodes * prefill * 2 * parameters / flops_rate + per_replica * generated / rate.tokens_per_s, rate
+
+    val_rows = data_rows(config.data.val_files, REPO) * int(aro.rollout.val_kwargs.n)
+    val_s, _ = rollout_s(val_rows)
     if kind == "train":
         steps = training_steps(config)
-        train_episodes = steps * int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)
-        val_episodes = validations(config, steps) * val_rows
+        episodes = int(config.data.train_batch_size) * int(aro.rollout.n)
+        step_rollout_s, rate = rollout_s(episodes)
+        train_s = episodes * context * parameters * flops / flops_rate
+        step_s = step_rollout_s + train_s + assume.sync_s + assume.environment_s
+        checks = validations(config, steps)
+        saves = 2 if assume.saves == "last" else checks + 1
+        dtype = str(aro.actor.fsdp_config.get("model_dtype") or "fp32")
+        save_bytes = parameters * (DTYPE_BYTES[dtype] + ADAM_STATE_BYTES)  # what verl writes: weights and Adam
+        export_bytes = parameters * DTYPE_BYTES[str(aro.rollout.dtype)]  # the best checkpoint's Hugging Face export
+        wall = assume.startup_s + steps * step_s + checks * val_s
+        wall += (saves * save_bytes + export_bytes) / assume.save_bytes_per_s
+        train_episodes, val_episodes = steps * episodes, checks * val_rows
     else:
         steps, train_episodes, val_episodes = 0, 0, val_rows
-    train_s = train_episodes * sequence * parameters * 10 / (PEAK_FLOPS * TRAIN_MFU)
-    decode_rate = DECODE_TOKENS_PER_S * DECODE_REFERENCE_PARAMETERS / parameters
-    decode_s = (train_episodes + val_episodes) * sequence * GENERATED_SHARE / decode_rate
-    gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
-    return Cost(steps, train_episodes, val_episodes, (train_s + decode_s) / 3600, gpus)
+        _, rate = rollout_s(val_rows)
+        wall = assume.startup_s + val_s
+    return Cost(steps, train_episodes, val_episodes, wall * gpus / 3600, gpus, gpu, assume, rate, flops)
 
 
 # ---- the rehearsal ---------------------------------------------------------------------------------
@@ -340,7 +478,7 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
         if training_steps is not None:
             argv.append(f"trainer.total_training_steps={int(training_steps)}")
     elif step.kind == "eval":
-        if not argv[argv.index("--model") + 1].endswith("/best"):  # a base model: the untrained tiny model
+        if step.row.endswith("__base"):  # a base model: the untrained tiny model
             argv[argv.index("--model") + 1] = tiny_model(step.recipe)[1]
         overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
         argv = argv[: argv.index("--")] if "--" in argv else argv
@@ -377,7 +515,7 @@ COMMAND_SWAPS = {
 }
 
 #: Rows whose out-of-distribution evaluation a rehearsal runs: the stub endpoint answers alike for every row.
-REHEARSAL_OOD_ROWS = ("qwen2.5-7b__seal",)
+REHEARSAL_OOD_ROWS = ("qwen2.5-7b__vanilla_rl",)
 
 
 def rehearsal(out: str, stub_url: str, rows: list[str] | None = None, training_steps: int | None = None) -> list[Step]:
@@ -387,7 +525,7 @@ def rehearsal(out: str, stub_url: str, rows: list[str] | None = None, training_s
     tau2 = tau2_python() is not None
     chosen = []
     for step in plan(out):
-        if rows is not None and step.kind != "tables" and step.row not in rows:
+        if rows is not None and step.kind != "tables" and step.row.removesuffix(LAST_SUFFIX) not in rows:
             continue
         if step.kind == "ood" and step.row not in REHEARSAL_OOD_ROWS:
             continue
@@ -398,12 +536,12 @@ def rehearsal(out: str, stub_url: str, rows: list[str] | None = None, training_s
 
 
 def chains(steps: list[Step]) -> list[list[Step]]:
-    """The steps grouped into chains that can run side by side: each row's training then its evaluations; the
-    tables come last, alone."""
+    """The steps grouped into chains that can run side by side: each row's training then its evaluations (of its
+    best and its last checkpoint); the tables come last, alone."""
     by_row: dict[str, list[Step]] = {}
     for step in steps:
         if step.kind != "tables":
-            by_row.setdefault(step.row, []).append(step)
+            by_row.setdefault(step.row.removesuffix(LAST_SUFFIX), []).append(step)
     return [*by_row.values(), [s for s in steps if s.kind == "tables"]]
 
 
@@ -427,6 +565,8 @@ def run_rehearsal(out: str, rows: list[str] | None = None, training_steps: int |
 
         def run_chain(chain: list[Step]) -> int:
             for step in chain:
+                if share_best_evaluation(step, chain):
+                    continue
                 status = _run_step(step, numbered[id(step)], len(steps), logs)
                 if status != 0:
                     return status
@@ -438,6 +578,27 @@ def run_rehearsal(out: str, rows: list[str] | None = None, training_steps: int |
             print(f"[reproduce] error: {len(failed)} row(s) failed; see the logs above", file=sys.stderr)
             return failed[0]
         return run_chain(last)
+
+
+def share_best_evaluation(step: Step, chain: list[Step]) -> bool:
+    """A last-checkpoint evaluation whose checkpoint is the best one (a run whose last step was its best, as in a
+    one-step rehearsal) shares the best's evaluation, already run in ``chain``: its folder links to the best's."""
+    from seal.eval.checkpoint import resolve_model
+
+    if step.kind != "eval" or not step.row.endswith(LAST_SUFFIX):
+        return False
+    best = next(s for s in chain if s.kind == "eval" and s.row == step.row.removesuffix(LAST_SUFFIX))
+
+    def checkpoint(s: Step) -> str:
+        return os.path.realpath(resolve_model(s.argv[s.argv.index("--model") + 1]))
+
+    if checkpoint(step) != checkpoint(best):
+        return False
+    folder, shared = (Path(s.argv[s.argv.index("--out") + 1]) for s in (step, best))
+    if not folder.exists():
+        folder.symlink_to(shared.name)
+    print(f"[reproduce] {step.row}: the last checkpoint is the best one ({checkpoint(step)}); {folder} shares {shared}")
+    return True
 
 
 def _run_step(step: Step, number: int, total: int, logs: Path) -> int:
