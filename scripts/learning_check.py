@@ -146,65 +146,83 @@ def per_step(values: dict[int, list[float]]) -> dict[int, tuple[float, float]]:
 # ---- --apatch-steering: does A-Patch steer what is unlearnt? -------------------------------------------------
 
 
-def steering_options(recipe: str) -> dict[str, dict]:
-    """The open first-call choice of the steering recipe, each option with the tags the environment really gives its
-    episode and the A-Patch scale the recipe's static weights give those tags: ``{"right" | "heavy" | "light":
-    {"text": first message, "tags": [...], "scale": s}}``. Heavy and light are the decoys of the largest and the
-    smallest scale; the check means nothing unless they differ, so that is refused here."""
-    from env_service.config import EnvConfig
-    from env_service.episode import Episode
-    from env_service.tasks import load_task
-    from seal.apatch import APatchConfig, resolve_weights, row_scale
-    from seal.cpu.warm_start import episode_texts
+class FirstChoice:
+    """The open first-call choice of the steering recipe's task, judged by the environment: a first message's tags are
+    those of the episode that sends it and then the ground truth's other messages (the service's own episode code;
+    cached, an episode takes a fraction of a second and a run repeats a few first messages many times)."""
 
-    config = compose_recipe(str(ROOT / recipe))
-    env_params = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
-    apatch = APatchConfig.from_dict(config.seal.apatch)
-    weights = resolve_weights(apatch)
-    ((task_id, (old, *wrong)),) = recipe_decoys(recipe).items()  # one task, whose first call is the open choice
-    task, env = load_task(task_id), EnvConfig.from_dict(env_params)
-    options = []
-    for decoy in (None, *((old, new) for new in wrong)):
-        texts = episode_texts(task, env.tool_prompt_mode, decoy)
-        options.append({"text": texts[0], "tags": episode_tags(task, env, texts, Episode)})
-    for option in options:
-        option["scale"] = row_scale(option["tags"], weights, apatch.min_scale, apatch.max_scale, apatch.excluded_tags)
-    right, *decoys = options
-    decoys.sort(key=lambda option: option["scale"])
-    if len(decoys) != 2 or decoys[0]["scale"] == decoys[1]["scale"]:
-        raise SystemExit(f"{recipe}: the steering check needs two decoys of different A-Patch scales, got {decoys}")
-    return {"right": right, "heavy": decoys[1], "light": decoys[0]}
+    def __init__(self, recipe: str):
+        from env_service.config import EnvConfig
+        from env_service.tasks import load_task
+        from seal.apatch import APatchConfig, resolve_weights
+        from seal.cpu.warm_start import episode_texts
+
+        config = compose_recipe(str(ROOT / recipe))
+        self.apatch = APatchConfig.from_dict(config.seal.apatch)
+        self.weights = resolve_weights(self.apatch)
+        ((task_id, (old, *wrong)),) = recipe_decoys(recipe).items()  # one task, whose first call is the open choice
+        self.task = load_task(task_id)
+        self.env = EnvConfig.from_dict(OmegaConf.to_container(config.env_service.bfcl, resolve=True))
+        self.texts = [episode_texts(self.task, self.env.tool_prompt_mode, None)] + [
+            episode_texts(self.task, self.env.tool_prompt_mode, (old, new)) for new in wrong
+        ]
+        self._tags: dict[str, tuple[str, ...]] = {}
+
+    def tags(self, first_message: str) -> tuple[str, ...]:
+        if first_message not in self._tags:
+            from env_service.episode import Episode
+
+            episode = Episode(self.task, "train", self.env)
+            try:
+                episode.initial_messages()
+                for text in [first_message, *self.texts[0][1:]]:
+                    if episode.step(text).terminated:
+                        break
+                self._tags[first_message] = tuple(episode.evaluate()["tags"])
+            finally:
+                episode.close()
+        return self._tags[first_message]
+
+    def scale(self, tags) -> float:
+        """The A-Patch scale the recipe's static weights give an episode of these tags."""
+        from seal.apatch import row_scale
+
+        a = self.apatch
+        return row_scale(list(tags), self.weights, a.min_scale, a.max_scale, a.excluded_tags)
+
+    def options(self) -> dict[str, dict]:
+        """``{"right" | "heavy" | "light": {"text": first message, "tags": [...], "scale": s}}``: the warm start's
+        right first message and its decoys, heavy and light being the decoys of the largest and the smallest A-Patch
+        scale. The check means nothing unless the two decoys' tags and scales differ, so that is refused here."""
+        right, *decoys = (
+            {"text": texts[0], "tags": list(self.tags(texts[0])), "scale": self.scale(self.tags(texts[0]))}
+            for texts in self.texts
+        )
+        decoys.sort(key=lambda option: option["scale"])
+        if len(decoys) != 2 or decoys[0]["scale"] == decoys[1]["scale"] or decoys[0]["tags"] == right["tags"]:
+            raise SystemExit(f"the steering check needs two failing decoys of different A-Patch scales, got {decoys}")
+        return {"right": right, "heavy": decoys[1], "light": decoys[0]}
 
 
-def episode_tags(task, env, texts: list[str], episode_class) -> list[str]:
-    """The progress tags of the episode whose model messages are ``texts`` (the service's own episode code)."""
-    episode = episode_class(task, "train", env)
-    try:
-        episode.initial_messages()
-        for text in texts:
-            if episode.step(text).terminated:
-                break
-        return list(episode.evaluate()["tags"])
-    finally:
-        episode.close()
+def first_message(output: str) -> str:
+    """The model's first message in a decoded episode (special tokens skipped: the environment's turn that follows
+    begins with the role name "user" on a line of its own)."""
+    return output.split("\nuser\n", 1)[0]
 
 
-def option_of(output: str, options: dict[str, dict]) -> str:
-    """Which option an episode's first message is (its decoded response starts with that option's text and makes no
-    further call before the environment's first reply), or "other"."""
-    output = output.lstrip()
-    for name, option in options.items():
-        if output.startswith(option["text"]):
-            rest = output[len(option["text"]) :].split("<tool_response>", 1)[0]
-            return name if "<tool_call>" not in rest else "other"
-    return "other"
+def option_of(output: str, options: dict[str, dict], choice: FirstChoice) -> str:
+    """The option whose tags the episode's first message earns (with the rest of the episode right), or "other":
+    what A-Patch weighs is the tags, so a first message that differs from an option's text only where the
+    environment does not look (say a second, read-only call) counts as that option."""
+    tags = list(choice.tags(first_message(output)))
+    return next((name for name, option in options.items() if option["tags"] == tags), "other")
 
 
-def option_counts(rows: dict[int, list[dict]], options: dict[str, dict]) -> dict[int, dict[str, int]]:
+def option_counts(rows: dict[int, list[dict]], options: dict[str, dict], choice: FirstChoice) -> dict[int, dict]:
     """{step: {option: episodes that chose it}} ("other" included)."""
     counts = {}
     for step, episodes in rows.items():
-        chosen = [option_of(r["output"], options) for r in episodes]
+        chosen = [option_of(r["output"], options, choice) for r in episodes]
         counts[step] = {name: chosen.count(name) for name in (*options, "other")}
     return counts
 
@@ -248,7 +266,8 @@ def shares_per_step(counts: dict[int, dict[str, int]], option: str) -> dict[int,
 
 def steering(args) -> int:
     out = Path(args.out).resolve()
-    options = steering_options(STEERING_RECIPES["on"])
+    choice = FirstChoice(STEERING_RECIPES["on"])
+    options = choice.options()
     for name, option in options.items():
         print(f"{name:6s} tags {option['tags']} scale {option['scale']:.2f}: {option['text']!r}")
     counts, wall = {}, {}
@@ -259,7 +278,9 @@ def steering(args) -> int:
             if not args.reuse:
                 extra = [*args.overrides, f"actor_rollout_ref.rollout.seed={seed}"]
                 wall[f"{seed}/{mode}"] = run(mode, seed_dir, extra, recipe)
-        counts[seed] = {mode: option_counts(rollout_rows(seed_dir / mode), options) for mode in STEERING_RECIPES}
+        counts[seed] = {
+            mode: option_counts(rollout_rows(seed_dir / mode), options, choice) for mode in STEERING_RECIPES
+        }
     verdict = steering_verdict(counts, args.sigmas)
 
     for seed, runs in counts.items():

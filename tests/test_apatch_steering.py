@@ -36,8 +36,13 @@ RECIPE = learning_check.STEERING_RECIPES["on"]
 
 
 @pytest.fixture(scope="module")
-def options():
-    return learning_check.steering_options(RECIPE)
+def choice():
+    return learning_check.FirstChoice(RECIPE)
+
+
+@pytest.fixture(scope="module")
+def options(choice):
+    return choice.options()
 
 
 def test_the_decoys_get_their_tags_from_the_service_and_differ_in_scale(options):
@@ -65,15 +70,19 @@ def test_the_decoys_get_their_tags_from_the_service_and_differ_in_scale(options)
     assert options["heavy"]["scale"] == 2.0 and options["light"]["scale"] == 0.75 and options["right"]["scale"] == 1.0
 
 
-def test_episodes_are_classified_by_their_first_message(options):
-    reply = "\nuser\n<tool_response>\n{}\n</tool_response>"
+def test_episodes_are_classified_by_the_tags_their_first_message_earns(options, choice):
+    reply = "\nuser\n<tool_response>\n{}\n</tool_response>\n\nassistant\nDone.\nuser\nAdditionally"
     for name, option in options.items():
-        assert learning_check.option_of(option["text"] + reply + '<tool_call>{"x": 1}</tool_call>', options) == name
-    # another call before the environment's first reply, a broken call, nothing: none of the options
-    extra = options["right"]["text"] + '\n<tool_call>\n{"name": "fund_account"}\n</tool_call>' + reply
-    assert learning_check.option_of(extra, options) == "other"
-    assert learning_check.option_of(options["right"]["text"][:-3] + reply, options) == "other"
-    assert learning_check.option_of("", options) == "other"
+        assert learning_check.first_message(option["text"] + reply) == option["text"]
+        assert learning_check.option_of(option["text"] + reply, options, choice) == name
+    # the spurious deposit alone earns the heavy decoy's tags; a second, read-only call after the right one does not
+    # change the right one's; a broken call and nothing at all are none of the options
+    deposit = '<tool_call>\n{"name": "fund_account", "arguments": {"amount": 10}}\n</tool_call>'
+    assert learning_check.option_of(deposit + reply, options, choice) == "heavy"
+    again = options["right"]["text"] + "\n" + options["right"]["text"]
+    assert learning_check.option_of(again + reply, options, choice) == "right"
+    assert learning_check.option_of(options["right"]["text"][:-3] + reply, options, choice) == "other"
+    assert learning_check.option_of("", options, choice) == "other"
 
 
 def test_the_log_ratio_change_and_the_paired_rule():
