@@ -284,8 +284,8 @@ def steering(args) -> int:
     verdict = steering_verdict(counts, args.sigmas)
 
     for seed, runs in counts.items():
-        for mode, per_step in runs.items():
-            line = " ".join(f"{c['right']:2d}/{c['heavy']:2d}/{c['light']:2d}" for c in per_step.values())
+        for mode, steps in runs.items():
+            line = " ".join(f"{c['right']:2d}/{c['heavy']:2d}/{c['light']:2d}" for c in steps.values())
             print(f"seed {seed:>3} A-Patch {mode:3s} right/heavy/light per step: {line}")
         r = verdict["per_seed"][seed]
         print(
