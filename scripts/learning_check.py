@@ -253,8 +253,8 @@ def steering_verdict(counts: dict[int, dict[str, dict]], sigmas: float) -> dict:
         on, off = (log_ratio_change(runs[mode]) for mode in ("on", "off"))
         per_seed[seed] = {"on": on, "off": off, "paired": on - off}
     paired = [r["paired"] for r in per_seed.values()]
-    if len(paired) < 2:
-        raise SystemExit("the steering verdict needs at least 2 seeds (a standard error across seeds)")
+    if len(paired) < 2:  # no standard error across seeds: the numbers, but no verdict
+        return {"per_seed": per_seed, "paired_mean": paired[0], "paired_se": None, "passed": None}
     mean, se = mean_se(paired)
     return {"per_seed": per_seed, "paired_mean": mean, "paired_se": se, "passed": -mean > sigmas * se}
 
@@ -291,10 +291,15 @@ def steering(args) -> int:
         print(
             f"seed {seed:>3} log(heavy/light) change: on {r['on']:+.2f}  off {r['off']:+.2f}  on-off {r['paired']:+.2f}"
         )
-    print(
-        f"paired on-off mean {verdict['paired_mean']:+.2f} ± {verdict['paired_se']:.2f} over {len(counts)} seeds "
-        f"(pass: below -{args.sigmas} SE) -> {'PASS' if verdict['passed'] else 'FAIL'}"
-    )
+    if verdict["passed"] is None:
+        print(
+            f"paired on-off {verdict['paired_mean']:+.2f}: one seed, no verdict (the rule needs a spread across seeds)"
+        )
+    else:
+        print(
+            f"paired on-off mean {verdict['paired_mean']:+.2f} ± {verdict['paired_se']:.2f} over {len(counts)} seeds "
+            f"(pass: below -{args.sigmas} SE) -> {'PASS' if verdict['passed'] else 'FAIL'}"
+        )
     pooled = {
         f"{option} decoy, A-Patch {mode}": per_step(
             {
