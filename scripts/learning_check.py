@@ -18,6 +18,15 @@ right one, a decoy, or neither, and the share of right first calls is printed pe
 ``<out>/learning_check.json``.
 
     python scripts/learning_check.py --out experiments/learning_check
+
+``--apatch-steering`` runs another pair instead, per rollout seed (``--seeds``): exp/cpu_learning_apatch.yaml, whose
+open first call has two decoys that the environment tags differently and A-Patch weighs 2.0 and 0.75, with A-Patch
+on and off (exp/cpu_learning_apatch_off.yaml), and decides by the rule pre-registered in docs/learning-check.md
+whether the heavily weighted decoy is unlearnt faster when A-Patch is on. The figure
+``<out>/apatch_steering_decoy_shares.png`` shows each decoy's share per step, on vs off; the numbers are in
+``<out>/apatch_steering.json``.
+
+    python scripts/learning_check.py --apatch-steering --out experiments/apatch_steering
 """
 
 from __future__ import annotations
@@ -35,21 +44,27 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from omegaconf import OmegaConf  # noqa: E402
+
 from seal.launch import compose_recipe  # noqa: E402
 from seal.report.figures import reward_over_steps  # noqa: E402
 
 RECIPES = {"normal": "exp/cpu_learning.yaml", "flipped": "exp/cpu_learning_flipped.yaml"}
+# --apatch-steering: the same run with A-Patch on and off (its own switch, nothing else changed), per rollout seed
+STEERING_RECIPES = {"on": "exp/cpu_learning_apatch.yaml", "off": "exp/cpu_learning_apatch_off.yaml"}
+STEERING_SEEDS = (42, 1, 2)
 
 
-def run(name: str, out: Path, extra: list[str]) -> float:
-    """One launcher run into ``out/name``; returns its wall time in seconds."""
+def run(name: str, out: Path, extra: list[str], recipe: str | None = None) -> float:
+    """One launcher run of ``recipe`` (default ``RECIPES[name]``) into ``out/name``; returns its wall time in
+    seconds."""
     run_dir = out / name
     log = out / f"{name}.log"
     cmd = [
         sys.executable,
         str(ROOT / "launcher.py"),
         "--conf",
-        str(ROOT / RECIPES[name]),
+        str(ROOT / (recipe or RECIPES[name])),
         f"seal.run_dir={run_dir}",
         f"trainer.default_local_dir={out / 'checkpoints' / name}",
         *extra,
@@ -128,6 +143,192 @@ def per_step(values: dict[int, list[float]]) -> dict[int, tuple[float, float]]:
     return {step: mean_se(v) for step, v in values.items()}
 
 
+# ---- --apatch-steering: does A-Patch steer what is unlearnt? -------------------------------------------------
+
+
+class FirstChoice:
+    """The open first-call choice of the steering recipe's task, judged by the environment: a first message's tags are
+    those of the episode that sends it and then the ground truth's other messages (the service's own episode code;
+    cached, an episode takes a fraction of a second and a run repeats a few first messages many times)."""
+
+    def __init__(self, recipe: str):
+        from env_service.config import EnvConfig
+        from env_service.tasks import load_task
+        from seal.apatch import APatchConfig, resolve_weights
+        from seal.cpu.warm_start import episode_texts
+
+        config = compose_recipe(str(ROOT / recipe))
+        self.apatch = APatchConfig.from_dict(config.seal.apatch)
+        self.weights = resolve_weights(self.apatch)
+        ((task_id, (old, *wrong)),) = recipe_decoys(recipe).items()  # one task, whose first call is the open choice
+        self.task = load_task(task_id)
+        self.env = EnvConfig.from_dict(OmegaConf.to_container(config.env_service.bfcl, resolve=True))
+        self.texts = [episode_texts(self.task, self.env.tool_prompt_mode, None)] + [
+            episode_texts(self.task, self.env.tool_prompt_mode, (old, new)) for new in wrong
+        ]
+        self._tags: dict[str, tuple[str, ...]] = {}
+
+    def tags(self, first_message: str) -> tuple[str, ...]:
+        if first_message not in self._tags:
+            from env_service.episode import Episode
+
+            episode = Episode(self.task, "train", self.env)
+            try:
+                episode.initial_messages()
+                for text in [first_message, *self.texts[0][1:]]:
+                    if episode.step(text).terminated:
+                        break
+                self._tags[first_message] = tuple(episode.evaluate()["tags"])
+            finally:
+                episode.close()
+        return self._tags[first_message]
+
+    def scale(self, tags) -> float:
+        """The A-Patch scale the recipe's static weights give an episode of these tags."""
+        from seal.apatch import row_scale
+
+        a = self.apatch
+        return row_scale(list(tags), self.weights, a.min_scale, a.max_scale, a.excluded_tags)
+
+    def options(self) -> dict[str, dict]:
+        """``{"right" | "heavy" | "light": {"text": first message, "tags": [...], "scale": s}}``: the warm start's
+        right first message and its decoys, heavy and light being the decoys of the largest and the smallest A-Patch
+        scale. The check means nothing unless the two decoys' tags and scales differ, so that is refused here."""
+        right, *decoys = (
+            {"text": texts[0], "tags": list(self.tags(texts[0])), "scale": self.scale(self.tags(texts[0]))}
+            for texts in self.texts
+        )
+        decoys.sort(key=lambda option: option["scale"])
+        if len(decoys) != 2 or decoys[0]["scale"] == decoys[1]["scale"] or decoys[0]["tags"] == right["tags"]:
+            raise SystemExit(f"the steering check needs two failing decoys of different A-Patch scales, got {decoys}")
+        return {"right": right, "heavy": decoys[1], "light": decoys[0]}
+
+
+def first_message(output: str) -> str:
+    """The model's first message in a decoded episode (special tokens skipped: the environment's turn that follows
+    begins with the role name "user" on a line of its own)."""
+    return output.split("\nuser\n", 1)[0]
+
+
+def option_of(output: str, options: dict[str, dict], choice: FirstChoice) -> str:
+    """The option whose tags the episode's first message earns (with the rest of the episode right), or "other":
+    what A-Patch weighs is the tags, so a first message that differs from an option's text only where the
+    environment does not look (say a second, read-only call) counts as that option."""
+    tags = list(choice.tags(first_message(output)))
+    return next((name for name, option in options.items() if option["tags"] == tags), "other")
+
+
+def option_counts(rows: dict[int, list[dict]], options: dict[str, dict], choice: FirstChoice) -> dict[int, dict]:
+    """{step: {option: episodes that chose it}} ("other" included)."""
+    counts = {}
+    for step, episodes in rows.items():
+        chosen = [option_of(r["output"], options, choice) for r in episodes]
+        counts[step] = {name: chosen.count(name) for name in (*options, "other")}
+    return counts
+
+
+def log_ratio_change(counts: dict[int, dict[str, int]]) -> float:
+    """How far log(heavy / light) moved from the first step (the warm start's own choices: no update yet) to the
+    later steps, their episodes pooled; half an episode is added to each count (a decoy may not be drawn at all).
+    Pooling the later steps rather than comparing end windows: the decoys are unlearnt within a few steps, after
+    which a window holds too few of them to compare."""
+    if len(counts) < 2:
+        raise SystemExit(f"only {len(counts)} steps logged; need at least 2")
+    first, *later = sorted(counts)
+
+    def log_ratio(steps):
+        heavy = sum(counts[s]["heavy"] for s in steps) + 0.5
+        light = sum(counts[s]["light"] for s in steps) + 0.5
+        return math.log(heavy / light)
+
+    return log_ratio(later) - log_ratio([first])
+
+
+def steering_verdict(counts: dict[int, dict[str, dict]], sigmas: float) -> dict:
+    """The pre-registered rule (docs/learning-check.md): per seed, the log-ratio change with A-Patch on minus that
+    with A-Patch off; passes when the mean of these paired differences is negative (the heavy decoy falls faster
+    when A-Patch weighs it) by more than ``sigmas`` standard errors across seeds. ``counts[seed][on|off]``."""
+    per_seed = {}
+    for seed, runs in counts.items():
+        on, off = (log_ratio_change(runs[mode]) for mode in ("on", "off"))
+        per_seed[seed] = {"on": on, "off": off, "paired": on - off}
+    paired = [r["paired"] for r in per_seed.values()]
+    if len(paired) < 2:  # no standard error across seeds: the numbers, but no verdict
+        return {"per_seed": per_seed, "paired_mean": paired[0], "paired_se": None, "passed": None}
+    mean, se = mean_se(paired)
+    return {"per_seed": per_seed, "paired_mean": mean, "paired_se": se, "passed": -mean > sigmas * se}
+
+
+def shares_per_step(counts: dict[int, dict[str, int]], option: str) -> dict[int, list[float]]:
+    """{step: [1.0 for each episode that chose ``option``, else 0.0]}."""
+    return {s: [1.0] * c[option] + [0.0] * (sum(c.values()) - c[option]) for s, c in counts.items()}
+
+
+def steering(args) -> int:
+    out = Path(args.out).resolve()
+    choice = FirstChoice(STEERING_RECIPES["on"])
+    options = choice.options()
+    for name, option in options.items():
+        print(f"{name:6s} tags {option['tags']} scale {option['scale']:.2f}: {option['text']!r}")
+    counts, wall = {}, {}
+    for seed in args.seeds:
+        seed_dir = out / f"seed{seed}"
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        for mode, recipe in STEERING_RECIPES.items():
+            if not args.reuse:
+                extra = [*args.overrides, f"actor_rollout_ref.rollout.seed={seed}"]
+                wall[f"{seed}/{mode}"] = run(mode, seed_dir, extra, recipe)
+        counts[seed] = {
+            mode: option_counts(rollout_rows(seed_dir / mode), options, choice) for mode in STEERING_RECIPES
+        }
+    verdict = steering_verdict(counts, args.sigmas)
+
+    for seed, runs in counts.items():
+        for mode, steps in runs.items():
+            line = " ".join(f"{c['right']:2d}/{c['heavy']:2d}/{c['light']:2d}" for c in steps.values())
+            print(f"seed {seed:>3} A-Patch {mode:3s} right/heavy/light per step: {line}")
+        r = verdict["per_seed"][seed]
+        print(
+            f"seed {seed:>3} log(heavy/light) change: on {r['on']:+.2f}  off {r['off']:+.2f}  on-off {r['paired']:+.2f}"
+        )
+    if verdict["passed"] is None:
+        print(
+            f"paired on-off {verdict['paired_mean']:+.2f}: one seed, no verdict (the rule needs a spread across seeds)"
+        )
+    else:
+        print(
+            f"paired on-off mean {verdict['paired_mean']:+.2f} ± {verdict['paired_se']:.2f} over {len(counts)} seeds "
+            f"(pass: below -{args.sigmas} SE) -> {'PASS' if verdict['passed'] else 'FAIL'}"
+        )
+    pooled = {
+        f"{option} decoy, A-Patch {mode}": per_step(
+            {
+                s: [v for seed in counts for v in shares_per_step(counts[seed][mode], option)[s]]
+                for s in counts[args.seeds[0]][mode]
+            }
+        )
+        for option in ("heavy", "light")
+        for mode in STEERING_RECIPES
+    }
+    figure = reward_over_steps(
+        pooled,
+        str(out / "apatch_steering_decoy_shares.png"),
+        ylabel="share of episodes",
+        title=f"each decoy's share per step, A-Patch on vs off ({len(counts)} seeds pooled, ± one SE)",
+    )
+    summary = {
+        "options": options,
+        "sigmas": args.sigmas,
+        "counts": counts,
+        "verdict": verdict,
+        "wall_s": wall,
+        "figure": figure,
+    }
+    (out / "apatch_steering.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"figure: {figure}")
+    return 0 if verdict["passed"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/learning_check", help="where both runs and the figure go")
@@ -135,8 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sigmas", type=float, default=2.0, help="a rise must exceed this many standard errors")
     parser.add_argument("--margin", type=float, default=0.15, help="and be at least this much reward")
     parser.add_argument("--reuse", action="store_true", help="only analyse runs already in --out")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for both runs")
+    parser.add_argument(
+        "--apatch-steering",
+        action="store_true",
+        help="instead: exp/cpu_learning_apatch.yaml with A-Patch on and off, per --seeds (docs/learning-check.md)",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(STEERING_SEEDS), help="rollout seeds (steering)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
+    if args.apatch_steering:
+        return steering(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 

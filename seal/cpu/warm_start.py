@@ -41,7 +41,6 @@ def episode_tokens(
 
     from env_service.config import EnvConfig
     from env_service.episode import Episode
-    from env_service.replay import ground_truth_messages
     from env_service.tasks import load_task
     from env_service.vocabulary import MODE_TRAIN
 
@@ -53,13 +52,7 @@ def episode_tokens(
         messages = episode.initial_messages()
         ids = list(builder.build_initial_tokens(messages))
         mask = [0] * len(ids)
-        texts = ground_truth_messages(task, config.tool_prompt_mode)
-        if decoy:
-            old, new = decoy
-            if old not in texts[0]:
-                raise ValueError(f"decoy {old!r} is not in the first ground-truth message of {task_id}: {texts[0]!r}")
-            texts = [texts[0].replace(old, new), *texts[1:]]
-        for text in texts:
+        for text in episode_texts(task, config.tool_prompt_mode, decoy):
             generated = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
             ids += generated
             mask += [1] * len(generated)
@@ -76,6 +69,20 @@ def episode_tokens(
     finally:
         episode.close()
     return ids, mask
+
+
+def episode_texts(task, tool_prompt_mode: str, decoy: tuple[str, str] | None = None) -> list[str]:
+    """The model's messages of the ground-truth episode of ``task`` (its calls, then "Done.", per turn); with
+    ``decoy = (old, new)``, with ``old`` replaced by ``new`` in the first one."""
+    from env_service.replay import ground_truth_messages
+
+    texts = ground_truth_messages(task, tool_prompt_mode)
+    if not decoy:
+        return texts
+    old, new = decoy
+    if old not in texts[0]:
+        raise ValueError(f"decoy {old!r} is not in the first ground-truth message of {task.id}: {texts[0]!r}")
+    return [texts[0].replace(old, new), *texts[1:]]
 
 
 def shared_prefix_loss(model, examples: list[tuple[list[int], list[int]]]):
