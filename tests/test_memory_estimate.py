@@ -223,6 +223,7 @@ def test_kv_capacity_against_a_steps_demand_and_the_papers_value_by_hand(
     assert (found.kv_tokens, found.paper_kv_tokens) == (capacity, paper_capacity)
     assert found.phase_sequences == {"train step": 32 * 8 // 4, "validation": 400 // 4}
     monkeypatch.setattr(launch, "preflight", lambda config: [])  # no GPUs here: the node checks would refuse
+    monkeypatch.setattr(launch, "check_inputs", lambda config: None)  # nor the hub model offline, nor this disk
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
     assert launch.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run"]) == 0
     out = capsys.readouterr().out

@@ -20,6 +20,7 @@ environment renders (same ChatML template and added tokens, ids of its own): a 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -328,13 +329,28 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, shape: str = "de
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         tokenizer = build_tokenizer(shape)
-        build_model(seed, shape, tokenizer).save_pretrained(tmp)
+        with _quiet_progress():  # a launcher's first run builds it: no progress bar among its one-line messages
+            build_model(seed, shape, tokenizer).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
         _swap_in(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+@contextlib.contextmanager
+def _quiet_progress():
+    """transformers' progress bars off for the block, as they were after it."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _swap_in(tmp: Path, out_dir: Path) -> None:
