@@ -97,6 +97,28 @@ def test_a_hub_id_typo_offline_is_refused_and_a_cached_id_is_not(tmp_path, monke
     assert problems == [] and warnings == []
 
 
+@pytest.mark.parametrize("built", ["tiny_model.out_dir", "tiny_model.warm_start.out_dir"])
+def test_a_model_the_recipe_builds_is_not_looked_up_offline(tmp_path, monkeypatch, built):
+    """A CPU recipe's tiny model (and its warm start) do not exist before ``prepare`` builds them: not refused as
+    a hub id missing from the cache (the learning check's first run on a fresh clone)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    folder = tmp_path / "not-built-yet"
+    config = compose_recipe(
+        str(ROOT / "exp" / "cpu_learning.yaml"), [f"seal.{built}={folder}", f"actor_rollout_ref.model.path={folder}"]
+    )
+    problems, warnings = [], []
+    _check_model(config, problems, warnings)
+    assert problems == [] and warnings == []
+    _check_model(
+        compose_recipe(str(ROOT / "exp" / "cpu_learning.yaml"), [f"actor_rollout_ref.model.path={folder}"]),
+        problems,
+        warnings,
+    )
+    assert len(problems) == 1 and "does not exist" in problems[0]  # a folder nothing builds is still refused
+
+
 def _task_id_none(path: Path) -> str:
     rows = rows_of(TRAIN)
     rows[1]["extra_info"]["task_id"] = None

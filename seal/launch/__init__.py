@@ -207,9 +207,14 @@ def _check_model(config, problems, warnings):
 
 
 def _built_by_prepare(config, model: str) -> bool:
-    """The CPU recipes' tiny model: ``prepare`` builds it offline at ``seal.tiny_model.out_dir``."""
+    """The CPU recipes' tiny model: ``prepare`` builds it offline at ``seal.tiny_model.out_dir``, and its warm start
+    (when the recipe has one) at ``seal.tiny_model.warm_start.out_dir``."""
     tiny = config.seal.get("tiny_model")
-    return bool(tiny and tiny.get("build")) and Path(model).resolve() == Path(str(tiny.out_dir)).resolve()
+    if not (tiny and tiny.get("build")):
+        return False
+    warm = tiny.get("warm_start")
+    built = [tiny.out_dir, *([warm.out_dir] if warm else [])]
+    return any(Path(model).resolve() == Path(str(path)).resolve() for path in built)
 
 
 def _in_hub_cache(model: str) -> bool:
