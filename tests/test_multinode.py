@@ -105,7 +105,8 @@ def test_another_repository_or_venv_is_named():
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # one logical GPU: the GPU recipe's node (a node without one is no node of trainer.nnodes for a GPU trainer)
+    ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:
@@ -121,7 +122,7 @@ def test_the_check_runs_on_every_ray_node_and_refuses_a_short_cluster(local_ray,
     with pytest.raises(PreflightError) as refused:
         launch._check_nodes(config)
     assert str(refused.value) == (
-        "the Ray nodes cannot run this recipe:\n  - trainer.nnodes=2 but the Ray cluster has 1 alive node(s): start "
+        "the Ray nodes cannot run this recipe:\n  - trainer.nnodes=2 but the Ray cluster has 1 alive GPU node(s): start "
         "the others with `ray start --address=HEAD:6379` first"
     )
 
