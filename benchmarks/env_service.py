@@ -33,6 +33,7 @@ episode was lost).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -630,12 +631,13 @@ def _run_ids_fill_the_service(client, stop) -> dict:
 
 
 #: Episodes the flooding client finishes: more than one client's kept verdicts (``evaluations_kept_per_client``), which
-#: was also all clients' together before (one pool of 2,048).
+#: was also all clients' together before (one pool of 2,048). ``--quick`` keeps 100 verdicts a client and floods 200.
 FLOOD_EPISODES = 2148
+QUICK_KEPT_PER_CLIENT, QUICK_FLOOD_EPISODES = 100, 200
 
 
-def _finished_episodes_flood(client, stop) -> dict:
-    """Another client finishes FLOOD_EPISODES cheap episodes; then the verdict an innocent (loopback) client was
+def _finished_episodes_flood(client, stop, episodes: int = FLOOD_EPISODES) -> dict:
+    """Another client finishes ``episodes`` cheap episodes; then the verdict an innocent (loopback) client was
     given just before must still answer its retried ``evaluate(release)`` (before: 404, evicted from the one pool)."""
     flood = _from_another_address(client, "flood", pool_size=8)
     if flood is None:
@@ -648,10 +650,10 @@ def _finished_episodes_flood(client, stop) -> dict:
             flood.evaluate(flood.create(PASSING_TASK, "validate")["instance_id"], release=True)
 
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(finish, range(FLOOD_EPISODES)))
+            list(pool.map(finish, range(episodes)))
         flood.close()
         kept = _answers(lambda: innocent.evaluate(iid, release=True)) == verdict
-    return {"episodes finished by the other client": FLOOD_EPISODES, INNOCENT_VERDICTS_LOST: int(not kept)}
+    return {"episodes finished by the other client": episodes, INNOCENT_VERDICTS_LOST: int(not kept)}
 
 
 #: An attack's figure: innocent verdicts it saw lost (counted as lost innocent episodes).
@@ -746,7 +748,7 @@ ATTACKS = {
     "pipelined requests never read": _pipelined_requests,
     "2 MiB bodies that never finish": _bodies_in_flight,
     "4 run ids of one client fill the service": _run_ids_fill_the_service,
-    "another client finishes 2,148 episodes": _finished_episodes_flood,
+    "another client finishes more episodes than a client keeps": _finished_episodes_flood,
 }
 #: Attacks that need a service of their own (flags): workers killed by an episode, or from outside.
 WORKER_ATTACKS = {
@@ -832,16 +834,26 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
     }
 
 
-def innocent_under_attacks(task_ids: list[str], min_s: float, worker_kills: int, only: str | None = None) -> dict:
+def innocent_under_attacks(
+    task_ids: list[str], min_s: float, worker_kills: int, only: str | None = None, quick: bool = False
+) -> dict:
     """Per attack class: an innocent client's GT replays while the class runs (step p99 against the message
     budget, episodes lost or failed) and how much the service and its workers grew; then a stopped worker.
-    ``only``: that class alone (no stopped worker)."""
+    ``only``: that class alone (no stopped worker). ``quick``: the verdict flood scaled down with what a client keeps."""
     from env_service.ood_tasks import SERPAPI_KEY_ENV
 
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
+    attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)
+    if quick:
+        flags += ("--evaluations-kept-per-client", str(QUICK_KEPT_PER_CLIENT))
+        attacks = {
+            name: functools.partial(attack, episodes=QUICK_FLOOD_EPISODES)
+            if attack is _finished_episodes_flood
+            else attack
+            for name, attack in attacks.items()
+        }
     ids = [t for t in task_ids if t not in replay.EXPECTED_FAILURES]
     fake_key = {SERPAPI_KEY_ENV: "not-a-real-key"}  # the fetch needs no search; nothing leaves the machine
-    attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)
     figures, stopped = {}, {}
     if attacks:
         with ServiceProcess(*flags, env=fake_key) as service:
@@ -981,7 +993,10 @@ def run(quick: bool, only: str | None = None) -> dict:
     mem_first, mem_total = (50, 200) if quick else (500, 5000)
     attack_ids, attack_s, worker_kills = (task_ids[:2], 3, 3) if quick else (task_ids[::25], 20, 10)
     if only:  # one attack class alone
-        return {"tasks": len(task_ids), "attacks": innocent_under_attacks(attack_ids, attack_s, worker_kills, only)}
+        return {
+            "tasks": len(task_ids),
+            "attacks": innocent_under_attacks(attack_ids, attack_s, worker_kills, only, quick),
+        }
 
     InProcessEnvClient().health()
     replay.replay_split(InProcessEnvClient(), task_ids[:8])  # warm-up: imports, task cache, method tables
@@ -993,7 +1008,7 @@ def run(quick: bool, only: str | None = None) -> dict:
     figures.update(workers_scaling(task_ids))
     figures["bare_checker"] = bare_checker(task_ids)
     figures["hostile"] = hostile_neighbour(task_ids[::10] if quick else task_ids[::4])
-    figures["attacks"] = innocent_under_attacks(attack_ids, attack_s, worker_kills)
+    figures["attacks"] = innocent_under_attacks(attack_ids, attack_s, worker_kills, quick=quick)
     figures["memory"] = memory_run(task_ids, mem_first, mem_total, concurrency=32)
     inproc, http32 = figures["in_process"]["eps"], figures["http_c32"]["eps"]
     figures["ratios"] = {
