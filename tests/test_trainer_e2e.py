@@ -37,6 +37,16 @@ def run_dirs(tmp: Path) -> dict[str, Path]:
     return {"ckpt": tmp / "ckpt", "run": tmp / "run"}
 
 
+#: The CPU swap's tiny model (its small BFCL-trained vocabulary) instead of cpu_tiny's real 152k-token Qwen one:
+#: the logits over 152k tokens are most of a CPU step (~70 s against ~10 s), and nothing these tests check depends
+#: on the vocabulary. The README's run of exp/cpu_tiny.yaml (.ci/run) trains the real one.
+SMALL_VOCABULARY = (
+    "seal.tiny_model.shape=bfcl_bpe",
+    "seal.tiny_model.out_dir=outputs/tiny-bfcl-bpe",
+    "actor_rollout_ref.model.path=outputs/tiny-bfcl-bpe",
+)
+
+
 def launcher_cmd(tmp: Path, *extra: str) -> list[str]:
     d = run_dirs(tmp)
     return [
@@ -44,6 +54,7 @@ def launcher_cmd(tmp: Path, *extra: str) -> list[str]:
         str(REPO / "launcher.py"),
         "--conf",
         str(REPO / "exp" / "cpu_tiny.yaml"),
+        *SMALL_VOCABULARY,
         f"trainer.default_local_dir={d['ckpt']}",
         f"seal.run_dir={d['run']}",  # diagnosis, logs, tables and plots all follow it
         f"env_service.port={free_port()}",
