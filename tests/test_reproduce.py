@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -262,8 +263,10 @@ CI_ROWS = (reproduction.PAPER_METHOD, "qwen2.5-7b__vanilla_rl", "toolace2-8b__se
 def rehearsed(tmp_path_factory):
     out = tmp_path_factory.mktemp("rehearsal")
     done = subprocess.run(
-        [sys.executable, "scripts/reproduce.py", "--rehearse", "--out", str(out), "--rows", ",".join(CI_ROWS)],
+        [sys.executable, "scripts/reproduce.py", "--rehearse", "--out", str(out), "--rows", ",".join(CI_ROWS)]
+        + ["--jobs", "2"],  # two rows side by side, a thread each: their start-ups overlap on 2 cores
         cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=3600,
