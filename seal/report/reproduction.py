@@ -558,6 +558,7 @@ def run_rehearsal(out: str, rows: list[str] | None = None, training_steps: int |
     logs.mkdir(parents=True, exist_ok=True)
     for shape, folder in {tiny_model(r) for r in {s[0] for s in BACKBONES.values()}}:
         build_tiny_model(REPO / folder, seed=int(swap_values()["seal.tiny_model.seed"]), shape=shape)  # base evals
+    threads = job_threads(jobs)
     with stub_endpoint.StubEndpoint() as stub:
         steps = rehearsal(out, stub.url, rows, training_steps)
         numbered = {id(step): i for i, step in enumerate(steps, 1)}
@@ -567,7 +568,7 @@ def run_rehearsal(out: str, rows: list[str] | None = None, training_steps: int |
             for step in chain:
                 if share_best_evaluation(step, chain):
                     continue
-                status = _run_step(step, numbered[id(step)], len(steps), logs)
+                status = _run_step(step, numbered[id(step)], len(steps), logs, threads)
                 if status != 0:
                     return status
             return 0
@@ -578,6 +579,17 @@ def run_rehearsal(out: str, rows: list[str] | None = None, training_steps: int |
             print(f"[reproduce] error: {len(failed)} row(s) failed; see the logs above", file=sys.stderr)
             return failed[0]
         return run_chain(last)
+
+
+def job_threads(jobs: int) -> dict[str, str]:
+    """What each of ``jobs`` rows rehearsed side by side adds to its commands' environment: its share of the cores
+    as torch threads. A CPU run otherwise takes every core (``seal.cpu.platform.worker_threads``), and rows side by
+    side would oversubscribe them many times over. A user's ``OMP_NUM_THREADS`` wins."""
+    from seal.cpu.platform import worker_threads
+
+    if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, int(worker_threads()) // jobs))}
 
 
 def share_best_evaluation(step: Step, chain: list[Step]) -> bool:
@@ -601,7 +613,7 @@ def share_best_evaluation(step: Step, chain: list[Step]) -> bool:
     return True
 
 
-def _run_step(step: Step, number: int, total: int, logs: Path) -> int:
+def _run_step(step: Step, number: int, total: int, logs: Path, threads: dict[str, str]) -> int:
     import subprocess
     import sys
     import time
@@ -609,7 +621,7 @@ def _run_step(step: Step, number: int, total: int, logs: Path) -> int:
     log = logs / f"{number:02d}_{step.kind}_{step.row or 'all'}.log"
     print(f"[reproduce] {number}/{total} {step.kind} {step.row} ({step.fills}) -> {log}", flush=True)
     argv = [sys.executable if step.argv[0] == "python" else step.argv[0], *step.argv[1:]]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **threads}
     start = time.monotonic()
     with open(log, "w") as f:
         f.write(shlex.join(argv) + "\n\n")
