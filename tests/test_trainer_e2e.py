@@ -20,6 +20,7 @@ import pytest
 from processes import alive, kill_session, processes, service_and_workers, wait_for
 
 from env_service.interface import CUES_HEADER
+from seal.report.reproduction import swap_values
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +41,9 @@ def run_dirs(tmp: Path) -> dict[str, Path]:
 #: The CPU swap's tiny model (its small BFCL-trained vocabulary) instead of cpu_tiny's real 152k-token Qwen one:
 #: the logits over 152k tokens are most of a CPU step (~70 s against ~10 s), and nothing these tests check depends
 #: on the vocabulary. The README's run of exp/cpu_tiny.yaml (.ci/run) trains the real one.
-SMALL_VOCABULARY = (
-    "seal.tiny_model.shape=bfcl_bpe",
-    "seal.tiny_model.out_dir=outputs/tiny-bfcl-bpe",
-    "actor_rollout_ref.model.path=outputs/tiny-bfcl-bpe",
+SMALL_VOCABULARY = tuple(
+    f"{key}={swap_values()[key]}"
+    for key in ("seal.tiny_model.shape", "seal.tiny_model.out_dir", "actor_rollout_ref.model.path")
 )
 
 

