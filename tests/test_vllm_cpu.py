@@ -32,7 +32,7 @@ from seal.report.reproduction import swap_values
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SEAL_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
 VENV_PYTHON = VENV / "bin" / "python"
-# The CPU swap's tiny model (its 2k-token BFCL-trained vocabulary; head_dim 32, as vLLM's CPU attention needs), not
+# The CPU swap's tiny model (its 1,408-entry BFCL-trained vocabulary; head_dim 32, as vLLM's CPU attention needs), not
 # the recipe's real 152k-token one: the logits over 152k tokens were most of each CPU step (~55 s against seconds),
 # and nothing checked here depends on the vocabulary.
 TINY_DIR = REPO / ".cache" / "tiny-bfcl-bpe-vllm"
@@ -40,7 +40,7 @@ TINY_SHAPE = swap_values()["seal.tiny_model.shape"]
 RUN_TIMEOUT_S = 1500
 
 # Rollout vs actor log-probs of the same tokens (verl's `training/rollout_probs_diff_*`, probability space;
-# the random-init model spreads its mass over ~2k tokens, so probabilities are ~5e-4): synced weights gave
+# the random-init model spreads its mass over ~1.4k tokens, so probabilities are ~7e-4): synced weights gave
 # 6-7e-7, a skipped sync 5.6e-5 (2026-12-03, this machine; with the 152k vocabulary both were ~30x smaller).
 SYNCED_MAX_DIFF = 5e-6
 STALE_FACTOR = 10  # a skipped sync must show at least this many times the largest synced difference
