@@ -51,13 +51,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from env_service import (  # noqa: E402
-    _bfcl,  # noqa: E402,F401  (sets BFCL_PROJECT_ROOT before any bfcl import)
-    replay,
-    tasks,
-)
-from env_service.auth import RUN_ID_HEADER  # noqa: E402
+from env_service import replay  # noqa: E402
+from env_service.bfcl import tasks, upstream  # noqa: E402  (upstream sets BFCL_PROJECT_ROOT before any bfcl import)
 from env_service.client import EnvClient, InProcessEnvClient  # noqa: E402
+from env_service.http.auth import RUN_ID_HEADER  # noqa: E402
 
 SLOWDOWN_TARGET = 3.0
 MEMORY_TARGET = 1.25
@@ -160,11 +157,11 @@ def bare_checker(task_ids: list[str]) -> dict:
     entries, answers = {}, {}
     for category in tasks.CATEGORIES:
         bfcl_category = f"multi_turn_{category}"
-        for entry in _bfcl.load_dataset_entry(
+        for entry in upstream.load_dataset_entry(
             bfcl_category, include_prereq=False, include_language_specific_hint=False
         ):
             entries[entry["id"]] = entry
-        for answer in _bfcl.load_ground_truth_entry(bfcl_category):
+        for answer in upstream.load_ground_truth_entry(bfcl_category):
             answers[answer["id"]] = answer["ground_truth"]
     registry = vars(multi_turn_utils)
     passed = 0
@@ -840,7 +837,7 @@ def innocent_under_attacks(
     """Per attack class: an innocent client's GT replays while the class runs (step p99 against the message
     budget, episodes lost or failed) and how much the service and its workers grew; then a stopped worker.
     ``only``: that class alone (no stopped worker). ``quick``: the verdict flood scaled down with what a client keeps."""
-    from env_service.ood_tasks import SERPAPI_KEY_ENV
+    from env_service.bfcl.ood_tasks import SERPAPI_KEY_ENV
 
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
     attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)

@@ -86,10 +86,10 @@ def _load_file(path: str) -> Any:
 
 
 def cmd_serve(args) -> int:
-    from env_service.auth import check_bind, resolve_secret
-    from env_service.http_limits import HttpLimits
-    from env_service.manager import EpisodeManager
-    from env_service.service import serve
+    from env_service.episodes.manager import EpisodeManager
+    from env_service.http.auth import check_bind, resolve_secret
+    from env_service.http.limits import HttpLimits
+    from env_service.http.service import serve
 
     if args.parent_pid:
         _exit_with_owner(args.parent_pid, args.secret_file)
@@ -117,7 +117,7 @@ def cmd_serve(args) -> int:
         limits = HttpLimits(**given)
     except ValueError as error:
         raise CliError(str(error)) from None
-    from env_service.config import ServiceLimits
+    from env_service.bfcl.config import ServiceLimits
 
     try:
         service_limits = ServiceLimits.from_dict(
@@ -143,7 +143,7 @@ def cmd_serve(args) -> int:
 def _exit_with_owner(parent_pid: int, secret_file: str | None) -> None:
     """A service started for one process's run: it ends with that process, and takes the run's secret file along
     (the owner cannot remove it when it was SIGKILLed)."""
-    from env_service.parent_watch import exit_with_parent
+    from env_service.workers.parent_watch import exit_with_parent
 
     def remove_secret() -> None:
         if secret_file:
@@ -203,7 +203,7 @@ def _read_records(path: str) -> tuple[list[tuple[int, dict]], list[tuple[int, st
 
 
 def cmd_score(args) -> int:
-    from env_service.verifier import score_record
+    from env_service.bfcl.verifier import score_record
 
     to_file = bool(args.output) and args.output != "-"
     if to_file and _same_file(args.input, args.output):
@@ -249,9 +249,9 @@ def _write_atomically(path: str, text: str) -> None:
 
 def cmd_replay(args) -> int:
     from env_service import replay
-    from env_service.auth import resolve_secret
+    from env_service.bfcl.config import EnvConfig
     from env_service.client import EnvClient, EnvServiceError, make_client
-    from env_service.config import EnvConfig
+    from env_service.http.auth import resolve_secret
 
     task_ids = _replay_task_ids(args)
     params = load_params(args.config)
@@ -287,7 +287,7 @@ def cmd_replay(args) -> int:
 
 
 def _replay_task_ids(args) -> list[str]:
-    from env_service import tasks
+    from env_service.bfcl import tasks
 
     if args.tasks:
         return list(args.tasks)
@@ -302,7 +302,7 @@ def _replay_task_ids(args) -> list[str]:
 
 def _spread(ids: list[str], limit: int) -> list[str]:
     """``limit`` ids taken round-robin over categories, so a small sample still covers all four."""
-    from env_service import tasks
+    from env_service.bfcl import tasks
 
     by_category: dict[str, list[str]] = {}
     for task_id in ids:
@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="episode processes (default: one per core; 0: in the service process, without time budgets)",
     )
-    from env_service.config import ServiceLimits  # budgets and limits: one flag per field, README "Limits"
+    from env_service.bfcl.config import ServiceLimits  # budgets and limits: one flag per field, README "Limits"
 
     for f in fields(ServiceLimits):
         serve.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), help=f"default {f.default}")
@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the process this service was started for (the launcher passes its own): when it is gone, the service "
         "and its workers exit and --secret-file is removed",
     )
-    # HTTP limits: unset flags keep env_service.http_limits.HttpLimits' defaults
+    # HTTP limits: unset flags keep env_service.http.limits.HttpLimits' defaults
     serve.add_argument("--max-header-bytes", type=int, help="request line + headers, bytes (431 beyond; 64 KiB)")
     serve.add_argument("--max-headers", type=int, help="headers per request (431 beyond; 100)")
     serve.add_argument(

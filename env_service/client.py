@@ -15,7 +15,7 @@ overlaps its still-running original waits for it and gets its episode, or 503 ``
 answers the retry with it.
 
 ``run_id`` names the caller's run on every request (failure profiles are per run) and ``secret`` is the
-service's shared secret (see ``env_service.auth``); both are optional.
+service's shared secret (see ``env_service.http.auth``); both are optional.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from env_service.auth import AUTH_HEADER, RUN_ID_HEADER, resolve_secret
-from env_service.endpoints import BY_ROUTE, Caller, Endpoint
 from env_service.errors import ManagerError
+from env_service.http.auth import AUTH_HEADER, RUN_ID_HEADER, resolve_secret
+from env_service.http.endpoints import BY_ROUTE, Caller, Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class InProcessEnvClient(_ClientAPI):
     def __init__(self, manager=None, run_id: str | None = None):
         super().__init__()
         if manager is None:  # imported here: HTTP clients need not load the episodes' code
-            from env_service.manager import EpisodeManager
+            from env_service.episodes.manager import EpisodeManager
 
             manager = EpisodeManager()
         self.manager = manager

@@ -17,12 +17,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
-from env_service.calls import ToolCall, parse_call_string
+from env_service.bfcl.calls import ToolCall, parse_call_string
+from env_service.bfcl.config import EnvConfig
+from env_service.bfcl.episode import Episode
+from env_service.bfcl.tasks import CATEGORIES, Task, load_task, parse_task_id
+from env_service.bfcl.verifier import Evaluation, evaluate_episode
 from env_service.client import EnvServiceError
-from env_service.config import EnvConfig
-from env_service.episode import Episode
-from env_service.tasks import CATEGORIES, Task, load_task, parse_task_id
-from env_service.verifier import Evaluation, evaluate_episode
 from env_service.vocabulary import ERROR_MARKER
 
 #: The plain-text message that ends a turn during replay.

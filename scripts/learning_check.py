@@ -46,8 +46,8 @@ if str(ROOT) not in sys.path:
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from seal.figures import reward_over_steps  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
-from seal.report.figures import reward_over_steps  # noqa: E402
 
 RECIPES = {"normal": "exp/cpu_learning.yaml", "flipped": "exp/cpu_learning_flipped.yaml"}
 # --apatch-steering: the same run with A-Patch on and off (its own switch, nothing else changed), per rollout seed
@@ -152,8 +152,8 @@ class FirstChoice:
     cached, an episode takes a fraction of a second and a run repeats a few first messages many times)."""
 
     def __init__(self, recipe: str):
-        from env_service.config import EnvConfig
-        from env_service.tasks import load_task
+        from env_service.bfcl.config import EnvConfig
+        from env_service.bfcl.tasks import load_task
         from seal.apatch import APatchConfig, resolve_weights
         from seal.cpu.warm_start import episode_texts
 
@@ -170,7 +170,7 @@ class FirstChoice:
 
     def tags(self, first_message: str) -> tuple[str, ...]:
         if first_message not in self._tags:
-            from env_service.episode import Episode
+            from env_service.bfcl.episode import Episode
 
             episode = Episode(self.task, "train", self.env)
             try:

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from env_service import _bfcl  # noqa: E402
-from env_service.tasks import (  # noqa: E402
+from env_service.bfcl import upstream  # noqa: E402
+from env_service.bfcl.tasks import (  # noqa: E402
     CATEGORIES,
     SPLIT_RULE,
     SPLIT_SEED,
@@ -149,7 +149,7 @@ def split_document(seed: int = SPLIT_SEED) -> dict:
     return {
         "seed": seed,
         "rule": SPLIT_RULE,
-        "bfcl_eval_version": _bfcl.BFCL_EVAL_VERSION,
+        "bfcl_eval_version": upstream.BFCL_EVAL_VERSION,
         "categories": list(CATEGORIES),
         "indices": split_indices(seed),
         "task_ids": {name: task_ids(name, seed) for name in ("train", "val", "test", "heldout")},

@@ -28,7 +28,7 @@ pairs reported) and ``accuracy_over_steps.png`` (held-out accuracy per category 
 ± one standard error).
 
 A cell reads ``ours ± se | paper | ours − paper ± se``: the paper's standard error is the binomial one of its
-accuracy on its task counts (100 per category; ``seal.report.paper_numbers.OOD_TASKS``), independent of ours. A small
+accuracy on its task counts (100 per category; ``seal.paper_numbers.OOD_TASKS``), independent of ours. A small
 sample (ours or the paper's) shows its 95 % Wilson interval instead of ``± se``, and its Wilson half-width / z is its
 SE in a difference; a mean of categories of unequal size shows ``± se`` around the mean it prints. A column our run covers only partly (an Average
 without all its categories) says so and is not compared. A paper cell the paper does not report stays empty.
@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from seal import paper_numbers as paper  # noqa: E402
 from seal.eval.report import (  # noqa: E402
     EVAL_OOD_CATEGORIES,
     TABLE_COLUMNS,
@@ -59,7 +60,6 @@ from seal.eval.report import (  # noqa: E402
     pooled_cell,
 )
 from seal.eval.runs import DEFAULT_VAL_FILE, RunResult, load_run  # noqa: E402
-from seal.report import paper_numbers as paper  # noqa: E402
 
 BACKBONE_KEYS = {
     "qwen2.5-3b": "Qwen2.5-3B-Instruct",
@@ -424,7 +424,7 @@ def make_tables(
     pairs: list[tuple[str, str]] | None = None,
     unreadable: dict[str, str] | None = None,
 ) -> dict:
-    from seal.report.figures import accuracy_bands
+    from seal.figures import accuracy_bands
 
     unreadable = unreadable or {}
     os.makedirs(out_dir, exist_ok=True)

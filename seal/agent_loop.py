@@ -39,8 +39,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from env_service.client import EnvServiceError, make_client
 from env_service.vocabulary import mode_for_split, task_category
+from seal.env_clients import service_for_this_node
 from seal.env_failures import FAILED_KEY
-from seal.launch.env_services import service_for_this_node
 from seal.resume import SEED_FIELD, call_seed
 
 logger = logging.getLogger(__name__)

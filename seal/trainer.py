@@ -43,10 +43,11 @@ from seal.agent_loop import env_client
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats
+from seal.env_clients import profile_client
 from seal.env_failures import regroup_without_failed, split_validation_failures, stop_if_environment_down
-from seal.launch.env_services import profile_client
-from seal.report.figures import run_figures
+from seal.figures import run_figures
 from seal.resume import resume_data_order, train_sampler, truncate_metric_files
+from seal.units import disk_size
 from seal.validation import BestCheckpoint, category_average, validation_table
 
 logger = logging.getLogger(__name__)
@@ -315,8 +316,6 @@ def _probe_write(directory: str) -> int | None:
 
 
 def _describe_errno(number: int, directory: str) -> str:
-    from seal.launch.memory_estimate import disk_size
-
     cause = f"{os.strerror(number)} ({errno.errorcode.get(number, number)})"
     with contextlib.suppress(OSError):
         cause += f", {disk_size(shutil.disk_usage(directory).free)} free there"

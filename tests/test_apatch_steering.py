@@ -18,11 +18,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from env_service.bfcl.config import EnvConfig
+from env_service.bfcl.tasks import load_task
 from env_service.client import EnvClient
-from env_service.config import EnvConfig
-from env_service.manager import EpisodeManager
-from env_service.service import ServerThread
-from env_service.tasks import load_task
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.service import ServerThread
 from seal.cpu.warm_start import episode_texts
 from seal.launch import compose_recipe
 

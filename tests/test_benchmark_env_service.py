@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from env_service.workers import HEARTBEAT_TIMEOUT_S
+from env_service.workers.pool import HEARTBEAT_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 

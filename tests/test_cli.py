@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from env_service import tasks
 from env_service.__main__ import main
-from env_service.calls import parse_call_string
-from env_service.config import EnvConfig
-from env_service.episode import Episode
-from env_service.service import ServerThread
+from env_service.bfcl import tasks
+from env_service.bfcl.calls import parse_call_string
+from env_service.bfcl.config import EnvConfig
+from env_service.bfcl.episode import Episode
+from env_service.http.service import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_LITE = {"observation_lite": {"enable": True}}
@@ -104,7 +104,7 @@ def test_score_gt_valid_and_emptied_turn_invalid(tmp_path):
 
 
 def test_score_passes_all_800_ground_truth_trajectories(tmp_path):
-    from env_service.tasks import all_task_ids
+    from env_service.bfcl.tasks import all_task_ids
 
     ids = all_task_ids()
     source, out = tmp_path / "gt.jsonl", tmp_path / "scored.jsonl"

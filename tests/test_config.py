@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from env_service.config import EnvConfig, RewardConfig
-from env_service.prompts import OBSERVATION_NOTE
+from env_service.bfcl.config import EnvConfig, RewardConfig
+from env_service.bfcl.prompts import OBSERVATION_NOTE
 
 RECIPE_BLOCK = {  # exp/SEAL.yaml's env_service.bfcl (the released recipe's values)
     "strict_tool_parser": True,

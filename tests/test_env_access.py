@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from env_service.auth import read_secret_file, resolve_secret
 from env_service.client import EnvClient, EnvServiceError, InProcessEnvClient, ProfileFanOut, make_client
-from env_service.manager import MAX_RUN_PROFILES, EpisodeManager
-from env_service.service import ServerThread
+from env_service.episodes.manager import MAX_RUN_PROFILES, EpisodeManager
+from env_service.http.auth import read_secret_file, resolve_secret
+from env_service.http.service import ServerThread
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "multi_turn_base_0"

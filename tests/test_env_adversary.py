@@ -26,14 +26,15 @@ import requests
 from test_env_budgets import aliasing_messages
 from test_env_budgets import call as _call
 
-from env_service import replay, tasks
-from env_service.auth import RUN_ID_HEADER
+from env_service import replay
+from env_service.bfcl import tasks
+from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
-from env_service.config import ServiceLimits
-from env_service.http_limits import HttpLimits
-from env_service.manager import MAX_RUN_PROFILES, EpisodeManager
-from env_service.service import ServerThread
-from env_service.workers import HEARTBEAT_TIMEOUT_S
+from env_service.episodes.manager import MAX_RUN_PROFILES, EpisodeManager
+from env_service.http.auth import RUN_ID_HEADER
+from env_service.http.limits import HttpLimits
+from env_service.http.service import ServerThread
+from env_service.workers.pool import HEARTBEAT_TIMEOUT_S
 
 LIMITS = ServiceLimits(
     call_budget_s=1.0,

@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from env_service import replay, tasks
+from env_service import replay
+from env_service.bfcl import tasks
+from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
-from env_service.config import ServiceLimits
-from env_service.manager import EpisodeManager
-from env_service.service import ServerThread
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.service import ServerThread
 
 LIMITS = ServiceLimits(
     call_budget_s=0.5,
@@ -209,8 +210,8 @@ def test_hung_worker_is_killed_after_its_deadline(service, client):
 def test_message_budget_skips_the_rest_and_the_replay_never_reruns_stopped_calls(monkeypatch):
     """In process (the test's main thread, where the timer works): a stopped call's recorded text stands in
     at evaluate, so evaluating costs nothing like the message did."""
-    from env_service.episode import Episode
-    from env_service.executor import BackendSession
+    from env_service.bfcl.episode import Episode
+    from env_service.bfcl.executor import BackendSession
 
     limits = ServiceLimits(call_budget_s=0.3, message_budget_s=0.5, evaluate_budget_s=5.0, call_memory_mib=4096)
     episode = Episode(tasks.load_task(FS_TASK), "validate", limits=limits)

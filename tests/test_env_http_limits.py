@@ -12,9 +12,9 @@ import time
 import pytest
 
 from env_service.client import EnvClient
-from env_service.http_limits import LOOPBACK_PEER, HttpLimits, peer_key
-from env_service.manager import EpisodeManager
-from env_service.service import ServerThread
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.limits import LOOPBACK_PEER, HttpLimits, peer_key
+from env_service.http.service import ServerThread
 
 READ_TIMEOUT_S = 1.0
 

@@ -13,11 +13,11 @@ import time
 import pytest
 import requests
 
+from env_service.bfcl.ood_tasks import ood_task_ids
 from env_service.client import EnvClient
-from env_service.http_limits import BytesInFlight, HttpLimits
-from env_service.manager import EpisodeManager
-from env_service.ood_tasks import ood_task_ids
-from env_service.service import ServerThread
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.limits import BytesInFlight, HttpLimits
+from env_service.http.service import ServerThread
 
 LIMITS = HttpLimits()  # the defaults: what a service started without flags has
 

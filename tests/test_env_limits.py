@@ -12,10 +12,10 @@ import json
 import pytest
 import requests
 
+from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
-from env_service.config import ServiceLimits
-from env_service.manager import EpisodeManager
-from env_service.service import ServerThread
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.service import ServerThread
 
 LIMITS = ServiceLimits(
     max_steps=6, max_calls_per_message=5, max_state_bytes=200_000, max_episodes=6, max_episodes_per_owner=3

@@ -9,6 +9,7 @@ import requests
 from omegaconf import OmegaConf
 
 from env_service.client import EnvClient, make_client
+from seal import env_clients
 from seal.launch import env_services
 
 CUE_PROFILE = {"tags": {"missing_tool_call": {"count": 40, "reward_mean": 0.1}}}
@@ -23,7 +24,7 @@ def cluster():
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, namespace=env_services.ACTOR_NAMESPACE, log_to_driver=False)
+    ray.init(address=cluster.address, namespace=env_clients.ACTOR_NAMESPACE, log_to_driver=False)
     try:
         yield ray
     finally:
@@ -40,7 +41,7 @@ def _on_node(ray, node_id: str, env_cfg: dict):
         from omegaconf import OmegaConf
 
         from env_service.client import make_client
-        from seal.launch.env_services import service_for_this_node
+        from seal.env_clients import service_for_this_node
 
         url, secret = service_for_this_node(OmegaConf.create(env_cfg))
         with make_client(url, run_id=RUN, secret=secret, retries=0) as client:
@@ -64,7 +65,7 @@ def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all(
             assert url.startswith("http://127.0.0.1:")
             assert requests.get(url + "/profile", timeout=10).status_code == 401
 
-        env_services.profile_client(env, RUN).set_profile(CUE_PROFILE)
+        env_clients.profile_client(env, RUN).set_profile(CUE_PROFILE)
 
         for node_id, url in nodes.items():
             used, answered_as, system_prompt = _on_node(ray, node_id, OmegaConf.to_container(env))
@@ -135,4 +136,4 @@ def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
             with pytest.raises(requests.ConnectionError):
                 requests.get(node_url + "/health", timeout=5)
     finally:
-        ray.init(address=address, namespace=env_services.ACTOR_NAMESPACE, log_to_driver=False)
+        ray.init(address=address, namespace=env_clients.ACTOR_NAMESPACE, log_to_driver=False)

@@ -18,12 +18,13 @@ import signal
 import psutil
 import pytest
 
-from env_service import replay, tasks
+from env_service import replay
+from env_service.bfcl import tasks
+from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
-from env_service.config import ServiceLimits
+from env_service.episodes.manager import EpisodeManager
 from env_service.errors import OwnerMemoryExceeded
-from env_service.manager import EpisodeManager
-from env_service.service import ServerThread
+from env_service.http.service import ServerThread
 
 MIB = 1024 * 1024
 LIMITS = ServiceLimits(

@@ -14,9 +14,9 @@ import time
 import psutil
 from test_env_budgets import aliasing_messages, call
 
-from env_service.config import ServiceLimits
-from env_service.manager import EpisodeManager
-from env_service.workers import START_TIMEOUT_S
+from env_service.bfcl.config import ServiceLimits
+from env_service.episodes.manager import EpisodeManager
+from env_service.workers.pool import START_TIMEOUT_S
 
 OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an episode with a scratch folder
 FS_TASK = "multi_turn_base_0"

@@ -20,11 +20,11 @@ import threading
 import pytest
 import requests
 
-from env_service import web_guard
+from env_service.bfcl import web_guard
+from env_service.bfcl.ood_tasks import SERPAPI_KEY_ENV
 from env_service.client import EnvClient
-from env_service.manager import EpisodeManager
-from env_service.ood_tasks import SERPAPI_KEY_ENV
-from env_service.service import ServerThread
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.service import ServerThread
 
 WEB_TASK = "web_search_base_0"
 

@@ -23,12 +23,13 @@ import pytest
 import requests
 from test_env_budgets import aliasing_messages, call
 
-from env_service import replay, tasks
+from env_service import replay
+from env_service.bfcl import tasks
+from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient
-from env_service.config import ServiceLimits
-from env_service.manager import EpisodeManager
-from env_service.service import ServerThread
-from env_service.workers import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.service import ServerThread
+from env_service.workers.pool import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S
 
 PASSING_TASK = "multi_turn_base_2"
 TICKET_TASK = "multi_turn_base_24"  # TicketAPI; ticket 987654 exists in its initial state

@@ -14,12 +14,13 @@ from bfcl_eval.constants import default_prompts as bfcl_prompts  # noqa: E402  (
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
 from bfcl_eval.utils import _func_doc_language_specific_pre_processing  # noqa: E402
 
-from env_service import _bfcl  # sets BFCL_PROJECT_ROOT before any bfcl import below
-from env_service.calls import parse_call_string
-from env_service.config import EnvConfig
-from env_service.episode import Episode, StepResult
-from env_service.interface import CUES_HEADER, DEFAULT_GUIDELINES, observation_lite
-from env_service.prompts import OBSERVATION_NOTE, tools_system_prompt
+from env_service.bfcl import upstream  # sets BFCL_PROJECT_ROOT before any bfcl import below
+from env_service.bfcl.calls import parse_call_string
+from env_service.bfcl.config import EnvConfig
+from env_service.bfcl.episode import Episode, StepResult
+from env_service.bfcl.interface import CUES_HEADER, DEFAULT_GUIDELINES, observation_lite
+from env_service.bfcl.prompts import OBSERVATION_NOTE, tools_system_prompt
+from env_service.bfcl.tasks import all_task_ids, load_task
 from env_service.replay import (
     UNSOLVABLE_WITH_ENFORCED_TOOLS,
     calls_message,
@@ -27,7 +28,6 @@ from env_service.replay import (
     replay_ground_truth,
     trace_ground_truth,
 )
-from env_service.tasks import all_task_ids, load_task
 
 COMPLETED = "[CONVERSATION_COMPLETED]"
 
@@ -126,15 +126,15 @@ def test_validate_interface_is_original_whatever_the_switches(base0, blocks):
 
 
 def _raw_holdout_docs(task_id: str, turn: int) -> list[dict]:
-    """The holdout docs straight from bfcl's data files (independent of env_service.tasks)."""
+    """The holdout docs straight from bfcl's data files (independent of env_service.bfcl.tasks)."""
     entry = next(
         json.loads(line)
-        for line in open(_bfcl.PROMPT_PATH / "BFCL_v4_multi_turn_miss_func.json", encoding="utf-8")
+        for line in open(upstream.PROMPT_PATH / "BFCL_v4_multi_turn_miss_func.json", encoding="utf-8")
         if json.loads(line)["id"] == task_id
     )
     docs = {}
     for class_name in entry["involved_classes"]:
-        path = _bfcl.MULTI_TURN_FUNC_DOC_PATH / _bfcl.MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
+        path = upstream.MULTI_TURN_FUNC_DOC_PATH / upstream.MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
         for line in open(path, encoding="utf-8"):
             doc = json.loads(line)
             docs[doc["name"]] = doc
@@ -504,7 +504,7 @@ def test_evaluate_uses_the_config_reward_block():
     # ended early (force-terminated): 1 of 4 GT turns passed -> capped partial credit min(0.5, 0.25)
     assert evaluation["valid"] is False and evaluation["progress"] == 0.25 and evaluation["reward"] == 0.25
     assert evaluation["num_turns"] == 2 and evaluation["num_steps"] == 2
-    from env_service.config import RewardConfig
+    from env_service.bfcl.config import RewardConfig
 
     assert episode.evaluate(RewardConfig())["reward"] == 0.0  # an explicit reward config wins
 
@@ -513,7 +513,7 @@ def test_reading_a_message_counts_against_its_time_budget():
     """A message whose calls take longer to read than the message's budget is refused unread (nothing runs, the turn
     records a parse error) and the episode goes on; with the usual budget the same message is read and refused for
     its call count."""
-    from env_service.config import ServiceLimits
+    from env_service.bfcl.config import ServiceLimits
 
     slow_to_read = "[" + ", ".join(["ls(a=[" + ",".join(["1"] * 500) + "])"] * 250) + "]"  # ~0.5 s of reading
     config = EnvConfig.from_dict({"tool_prompt_mode": "toolace_llama"})

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from env_service.calls import parse_call_string
+from env_service.bfcl.calls import parse_call_string
+from env_service.bfcl.tasks import load_task
 from env_service.client import make_client
-from env_service.tasks import load_task
 from seal.eval import report
 from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
 from seal.eval.endpoint import run_episode

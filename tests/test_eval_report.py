@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import binomtest
 
-from env_service.tasks import task_ids
+from env_service.bfcl.tasks import task_ids
 from seal.eval import report
 from seal.eval.records import TurnLog, append_record, finished_tasks, load_records, make_record
 from seal.eval.tasks import EVAL_SPLIT, select_tasks, write_eval_dataset

@@ -13,10 +13,10 @@ import pytest
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as mtu
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import long_context as lc_module
 
-from env_service import _bfcl  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
-from env_service.calls import ToolCall, format_call_string, parse_call_string, tool_parameter_names
-from env_service.executor import BackendSession, ToolNotAvailable
-from env_service.tasks import all_task_ids, load_task
+from env_service.bfcl import upstream  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
+from env_service.bfcl.calls import ToolCall, format_call_string, parse_call_string, tool_parameter_names
+from env_service.bfcl.executor import BackendSession, ToolNotAvailable
+from env_service.bfcl.tasks import all_task_ids, load_task
 
 _names = itertools.count()
 EXT_CARD = "1234567812345678"  # a long-context TravelAPI extension card (module-level dict in bfcl)
@@ -412,9 +412,9 @@ def test_format_call_string_is_bfcl_convert_to_function_call():
 def test_production_code_never_evals():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "env_service"
+    root = Path(__file__).resolve().parents[1] / "env_service" / "bfcl"
     forbidden = {"eval", "exec", "compile", "__import__", "execute_multi_turn_func_call"}
-    for name in ("_bfcl.py", "tasks.py", "calls.py", "executor.py", "verifier.py"):
+    for name in ("upstream.py", "tasks.py", "calls.py", "executor.py", "verifier.py"):
         source = (root / name).read_text()
         for node in ast.walk(ast.parse(source)):
             if not isinstance(node, ast.Call):
@@ -433,9 +433,9 @@ def test_production_code_never_evals():
 def test_costly_math_arguments_are_refused_before_they_stall_the_service():
     import time
 
-    from env_service.calls import ToolCall
-    from env_service.executor import BackendSession
-    from env_service.tasks import all_task_ids, load_task
+    from env_service.bfcl.calls import ToolCall
+    from env_service.bfcl.executor import BackendSession
+    from env_service.bfcl.tasks import all_task_ids, load_task
 
     math_task = next(load_task(t) for t in all_task_ids() if "MathAPI" in load_task(t).involved_classes)
     with BackendSession(math_task) as session:
@@ -461,7 +461,7 @@ def test_costly_math_arguments_are_refused_before_they_stall_the_service():
 def test_time_and_memory_budgets_stop_a_call_and_free_what_it_built():
     import time
 
-    from env_service.executor import CallOverBudget, resident_bytes, time_limit
+    from env_service.bfcl.executor import CallOverBudget, resident_bytes, time_limit
 
     started = time.monotonic()
     with pytest.raises(CallOverBudget, match="0.2 s, its time budget"):
@@ -479,7 +479,7 @@ def test_time_and_memory_budgets_stop_a_call_and_free_what_it_built():
 
 
 def test_state_size_counts_shared_objects_once_and_stops_at_its_limit():
-    from env_service.executor import state_size
+    from env_service.bfcl.executor import state_size
 
     shared = ["y" * 1000]
     assert 1000 < state_size({"a": shared, "b": shared}, 10**6) < 2000
@@ -497,7 +497,7 @@ def test_time_limit_gives_an_outer_alarm_back():
     import signal
     import time
 
-    from env_service.executor import time_limit
+    from env_service.bfcl.executor import time_limit
 
     fired: list[float] = []
     previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(time.monotonic()))
@@ -524,7 +524,7 @@ def test_a_stopped_call_that_takes_long_to_unwind_is_stopped_once():
     """The timer keeps ticking while a stopped call unwinds; a tick during the cleanup (here, freeing what the call
     built) must not interrupt the interruption. Before, the second tick escaped as a bare BaseException, and one that
     landed after the handler was restored killed the process with SIGALRM."""
-    from env_service.executor import CallOverBudget, time_limit
+    from env_service.bfcl.executor import CallOverBudget, time_limit
 
     box = [[[k] for k in range(2_000_000)]]
     with pytest.raises(CallOverBudget, match="its time budget"):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from env_service.fair_gate import FairGate, Usage
+from env_service.workers.fair_gate import FairGate, Usage
 
 
 class Clock:

@@ -20,8 +20,8 @@ import pytest
 import requests
 
 from env_service.client import EnvClient, EnvServiceError, InProcessEnvClient
-from env_service.manager import MAX_CONTENT_BYTES, EpisodeManager
-from env_service.service import ServerThread
+from env_service.episodes.manager import MAX_CONTENT_BYTES, EpisodeManager
+from env_service.http.service import ServerThread
 
 TOKEN = f"seal{uuid.uuid4().hex[:12]}"
 CANARY_FILE = f"/tmp/{TOKEN}-canary"

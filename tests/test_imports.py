@@ -119,8 +119,8 @@ def _cycle_in(component: set[str], graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_graph_sees_module_and_function_level_imports():
     graph = import_graph()
-    assert "env_service.episode" in graph["env_service.ood_episode"]
-    assert "env_service.ood_episode" in graph["env_service.manager"]
+    assert "env_service.bfcl.episode" in graph["env_service.bfcl.ood_episode"]
+    assert "env_service.bfcl.ood_episode" in graph["env_service.episodes.manager"]
     assert "env_service.client" in graph["seal.launch"]  # imported inside a function there
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
@@ -146,10 +146,68 @@ def test_the_environment_table_in_the_architecture_doc_is_in_dependency_order():
     """docs/architecture.md lists env_service's modules so that each imports only modules above it."""
     doc = (ROOT / "docs" / "architecture.md").read_text()
     section = doc[doc.index("## Environment side") : doc.index("## Trainer side")]
-    listed = [f"env_service.{name}" for name in re.findall(r"^\| `(\w+)\.py`", section, re.M)]
+    listed = [f"env_service.{name.replace('/', '.')}" for name in re.findall(r"^\| `([\w/]+)\.py`", section, re.M)]
     graph = import_graph()
-    modules = sorted(m for m in graph if m.startswith("env_service."))
+    modules = sorted(m for m, path in _modules().items() if m.startswith("env_service.") and path.name != "__init__.py")
     assert sorted(listed) == modules, "modules missing from or unknown to the table"
     position = {module: i for i, module in enumerate(listed)}
     upward = [f"{m} -> {t}" for m in listed for t in sorted(graph[m]) if position.get(t, -1) > position[m]]
     assert not upward, upward
+
+
+#: env_service's layers, bottom to top (the folder names; "" is a module directly in env_service/).
+ENV_LAYERS = {"base": 0, "bfcl": 1, "workers": 2, "episodes": 3, "http": 4, "top": 5}
+ENV_BASE = {"vocabulary", "errors", "files", "json_safe"}
+
+
+def env_layer(module: str) -> int:
+    part = module.split(".")[1] if module.count(".") else ""
+    if part in ENV_LAYERS:
+        return ENV_LAYERS[part]
+    return ENV_LAYERS["base"] if part in ENV_BASE else ENV_LAYERS["top"]
+
+
+def test_environment_layers_import_only_downward():
+    """http -> episodes -> workers -> bfcl -> the shared words: a layer never imports one above it."""
+    graph = import_graph()
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("env_service.")
+        for target in targets
+        if target.startswith("env_service.") and env_layer(target) > env_layer(module)
+    )
+    assert not upward, upward
+    assert env_layer("env_service.http.service") > env_layer("env_service.episodes.manager")  # the order is real
+
+
+#: The entry points of seal/: the launcher, reporting, and ``python -m seal.eval`` with its checkpoint runner (which
+#: runs the launcher in validation-only mode). They may import the launcher and reporting; nothing else under seal/ may.
+SEAL_ENTRY_POINTS = ("seal.launch", "seal.report", "seal.eval.__main__", "seal.eval.checkpoint")
+
+
+def test_launch_and_report_are_imported_only_by_entry_points():
+    """What several layers share lives below them: the step, the agent loop, evaluation and the CPU stand-ins
+    never import the launcher (seal.launch) or reporting (seal.report)."""
+    graph = import_graph()
+    is_entry = lambda module: any(module == e or module.startswith(e + ".") for e in SEAL_ENTRY_POINTS)  # noqa: E731
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("seal.") and not is_entry(module)
+        for target in targets
+        if target.startswith(("seal.launch", "seal.report"))
+    )
+    assert not wrong, wrong
+
+
+def test_the_launcher_never_imports_reporting():
+    """Reporting reads what the launcher composes and estimates (the reproduction plan); never the other way."""
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.startswith("seal.launch")
+        for target in targets
+        if target.startswith("seal.report")
+    )
+    assert not wrong, wrong

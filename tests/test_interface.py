@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from env_service.config import CapabilityCuesConfig, ObservationLiteConfig, ToolFeedbackConfig
-from env_service.interface import (
+from env_service.bfcl.config import CapabilityCuesConfig, ObservationLiteConfig, ToolFeedbackConfig
+from env_service.bfcl.interface import (
     CUES_HEADER,
     DEFAULT_GUIDELINES,
     capability_cues,

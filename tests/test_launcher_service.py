@@ -15,7 +15,7 @@ import requests
 from processes import alive, service_and_workers, wait_for
 
 from env_service.client import EnvClient, EnvServiceError
-from env_service.service import ServerThread
+from env_service.http.service import ServerThread
 from seal.launch import PreflightError, compose_recipe, environment_service
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import binomtest
 
+from seal import paper_numbers
 from seal.eval.records import append_record, make_record
-from seal.report import paper_numbers
 
 REPO = Path(__file__).resolve().parents[1]
 VAL_FILE = REPO / "data" / "bfcl_heldout.parquet"

@@ -23,10 +23,10 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 from bfcl_eval.model_handler.utils import add_memory_instruction_system_prompt
 from bfcl_eval.utils import populate_initial_settings_for_memory_test_cases
 
-from env_service import ood_tasks
+from env_service.bfcl import ood_tasks
+from env_service.bfcl.ood_episode import OodEpisode
+from env_service.bfcl.ood_tasks import load_ood_task, ood_task_ids, prereq_chain
 from env_service.client import EnvServiceError, InProcessEnvClient
-from env_service.ood_episode import OodEpisode
-from env_service.ood_tasks import load_ood_task, ood_task_ids, prereq_chain
 from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
 from seal.eval.endpoint import run_episode
 from seal.eval.ood import run_ood, select_ood
@@ -183,7 +183,7 @@ def test_prerequisite_chains_leave_bfcls_memory(env, category, tmp_path):
             assert done["terminated"]
             snapshot = env.evaluate(iid, release=True)["memory_snapshot"]
         # bfcl's executor rewrites ``word (`` into ``word(`` inside string arguments before its ``eval`` (its
-        # method-call regex; env_service/executor.py, divergence 1): our service stores the text as sent.
+        # method-call regex; env_service/bfcl/executor.py, divergence 1): our service stores the text as sent.
         assert _as_bfcl_rewrites(results) == expected_results, scenario
         assert _as_bfcl_rewrites(snapshot) == expected_snapshot, scenario
         # A question starts from that memory, and its system prompt is bfcl's for that memory.
@@ -360,8 +360,8 @@ def test_memory_flows_over_http_through_worker_processes():
     """The production path: the HTTP service with episodes in worker processes; the chain's snapshot goes out of
     one prerequisite's evaluation and into the next episode's create request."""
     from env_service.client import EnvClient
-    from env_service.manager import EpisodeManager
-    from env_service.service import ServerThread
+    from env_service.episodes.manager import EpisodeManager
+    from env_service.http.service import ServerThread
 
     with ServerThread(EpisodeManager(workers=1)) as server, EnvClient(server.url, retries=0, timeout_s=60) as http:
         snapshot = None

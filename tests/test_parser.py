@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from env_service.calls import ToolCall
-from env_service.parser import (
+from env_service.bfcl.calls import ToolCall
+from env_service.bfcl.parser import (
     ERR_MISSING_KEYS,
     ERR_NO_VALID_BLOCK,
     ERR_PY_EMBEDDED,
@@ -102,7 +102,7 @@ def test_non_object_json_is_skipped_silently():
     parsed = parse_tool_calls(block('{"name": "ls", "arguments": {}}') + block("{}"))
     assert parsed.errors == [ERR_MISSING_KEYS]
     # a message whose only block decodes to a non-dict: impossible with "{...}", so check the reader
-    from env_service.parser import _read_block
+    from env_service.bfcl.parser import _read_block
 
     assert _read_block('"just a string"', strict=True) == (None, None)
     assert _read_block("[1, 2]", strict=True) == (None, None)

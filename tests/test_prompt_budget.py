@@ -3,7 +3,7 @@
 The agent loop refuses an over-long first prompt instead of truncating it, so a prompt that grew past
 ``data.max_prompt_length`` (longer tool docs, schema cues, another prompt mode) would stop a run; these tests
 catch it before a GPU does. Prompts are rendered by the environment service in-process and counted by
-``seal.launch.prompt_budget``: with the model's own tokenizer when ``model.path`` is a local directory, otherwise (hub
+``seal.prompt_budget``: with the model's own tokenizer when ``model.path`` is a local directory, otherwise (hub
 ids; no Llama-3.1 tokenizer can be downloaded offline) with the Qwen2.5 stand-in plus an explicit safety margin.
 """
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from seal.launch import PreflightError, compose_recipe, preflight, prompt_budget
+from seal import prompt_budget
+from seal.launch import PreflightError, compose_recipe, preflight
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "exp").glob("*.yaml"))

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from seal import paper_numbers as paper
 from seal.eval.records import load_records
 from seal.eval.runs import load_run, read_metrics, validation_steps
 from seal.eval.tau2 import tau2_python
 from seal.launch import compose_recipe
-from seal.report import paper_numbers as paper
 from seal.report import reproduction
 from seal.report.reproduction import leaves
 

@@ -12,13 +12,14 @@ import json
 import pytest
 import requests
 
-from env_service import replay, tasks
+from env_service import replay
+from env_service.bfcl import tasks
+from env_service.bfcl.config import EnvConfig
+from env_service.bfcl.episode import Episode
 from env_service.client import EnvClient, EnvServiceError, InProcessEnvClient
-from env_service.config import EnvConfig
-from env_service.episode import Episode
-from env_service.http_limits import MAX_BODY_BYTES
-from env_service.manager import MAX_CONTENT_BYTES, EpisodeManager
-from env_service.service import ServerThread
+from env_service.episodes.manager import MAX_CONTENT_BYTES, EpisodeManager
+from env_service.http.limits import MAX_BODY_BYTES
+from env_service.http.service import ServerThread
 
 TASK = "multi_turn_base_0"
 CUE_PROFILE = {"tags": {"missing_tool_call": {"count": 40, "reward_mean": 0.1}}}
@@ -425,7 +426,7 @@ def test_a_retried_evaluate_and_release_gets_the_same_evaluation(server, monkeyp
 
 
 def test_kept_evaluations_expire():
-    from env_service.manager import EVALUATION_CACHE_TTL_S
+    from env_service.episodes.manager import EVALUATION_CACHE_TTL_S
 
     now = [0.0]
     manager = EpisodeManager(clock=lambda: now[0])

@@ -13,10 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from env_service import replay, tasks
+from env_service import replay
+from env_service.bfcl import tasks
 from env_service.client import EnvClient, InProcessEnvClient
-from env_service.manager import EpisodeManager
-from env_service.service import ServerThread
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.service import ServerThread
 
 N_GT = 64
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from env_service.tasks import (
+from env_service.bfcl.tasks import (
     CATEGORIES,
     Task,
     all_task_ids,
@@ -237,7 +237,7 @@ def test_bfcl_writes_only_under_the_scratch_root():
 
     from bfcl_eval.constants import eval_config
 
-    from env_service import _bfcl  # noqa: F401
+    from env_service.bfcl import upstream  # noqa: F401
 
     assert eval_config.PROJECT_ROOT == Path(os.environ["BFCL_PROJECT_ROOT"])
     assert "site-packages" not in str(eval_config.PROJECT_ROOT)
@@ -247,7 +247,7 @@ def test_concurrent_first_loads_build_the_task_table_once():
     """A fresh service hit by many creates at once must parse the 800 tasks once, not once per request."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from env_service import tasks
+    from env_service.bfcl import tasks
 
     tasks._build_all_tasks.cache_clear()
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from processes import alive, kill_session, processes, service_and_workers, wait_for
 
-from env_service.interface import CUES_HEADER
+from env_service.bfcl.interface import CUES_HEADER
 from seal.report.reproduction import swap_values
 
 pytestmark = pytest.mark.slow

@@ -15,11 +15,11 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as mtu
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import long_context as lc_module
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
-from env_service import _bfcl  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
-from env_service.calls import ToolCall, format_call_string, parse_call_string
-from env_service.config import RewardConfig
-from env_service.tasks import CATEGORIES, all_task_ids, load_task
-from env_service.verifier import (
+from env_service.bfcl import upstream  # noqa: F401  (sets BFCL_PROJECT_ROOT before bfcl_eval is imported)
+from env_service.bfcl.calls import ToolCall, format_call_string, parse_call_string
+from env_service.bfcl.config import RewardConfig
+from env_service.bfcl.tasks import CATEGORIES, all_task_ids, load_task
+from env_service.bfcl.verifier import (
     Evaluation,
     TurnRecord,
     evaluate_calls,

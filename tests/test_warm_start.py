@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from env_service.config import EnvConfig
-from env_service.episode import Episode
+from env_service.bfcl.config import EnvConfig
+from env_service.bfcl.episode import Episode
+from env_service.bfcl.tasks import load_task
 from env_service.replay import ground_truth_messages
-from env_service.tasks import load_task
 from seal.cpu.warm_start import common_prefix_length, episode_tokens, shared_prefix_loss, warm_start
 
 TASK = "multi_turn_base_100"  # two turns, one call each (exp/cpu_learning.yaml)

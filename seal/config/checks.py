@@ -92,7 +92,7 @@ def type_problems(config: DictConfig) -> list[str]:
 
 def seal_block_problems(config: DictConfig) -> list[str]:
     """The ``seal.*`` blocks, each held to the values its reader accepts."""
-    from env_service.config import RewardConfig
+    from env_service.bfcl.config import RewardConfig
     from seal.apatch import APatchConfig
 
     seal = OmegaConf.to_container(config.seal, resolve=True)

@@ -196,10 +196,10 @@ def build_tokenizer(shape: str = "default"):
 def bpe_corpus(tasks: list[str], tool_prompt_mode: str | None = None) -> list[str]:
     """Every text an episode of ``tasks`` shows or expects in the environment's default config (or another prompt
     format): the train-mode first messages, the ground-truth assistant messages and the environment's replies."""
-    from env_service.config import EnvConfig
-    from env_service.episode import Episode
+    from env_service.bfcl.config import EnvConfig
+    from env_service.bfcl.episode import Episode
+    from env_service.bfcl.tasks import load_task
     from env_service.replay import ground_truth_messages
-    from env_service.tasks import load_task
     from env_service.vocabulary import MODE_TRAIN
 
     config = EnvConfig(tool_prompt_mode=tool_prompt_mode) if tool_prompt_mode else EnvConfig()

@@ -5,7 +5,7 @@ steps on the ground-truth episodes of the recipe's train tasks bring it to where
 task only sometimes; from there GRPO can move the reward (``exp/cpu_learning.yaml``, ``scripts/learning_check.py``).
 
 The examples are what the agent loop will see: the environment renders each episode (its train-mode prompt and
-its replies to the ground-truth calls, ``env_service.episode.Episode``, the code the service runs) and verl's
+its replies to the ground-truth calls, ``env_service.bfcl.episode.Episode``, the code the service runs) and verl's
 continuous-token builder for the model's ``model_type`` turns it into token ids exactly as ``seal/agent_loop.py``
 does: the generated turns (the ground-truth text plus ``<|im_end|>``) are the targets, the environment's tokens
 (and the newline the builder inserts after ``<|im_end|>``) are context.
@@ -39,9 +39,9 @@ def episode_tokens(
     replies are the ones that wrong call really gets)."""
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-    from env_service.config import EnvConfig
-    from env_service.episode import Episode
-    from env_service.tasks import load_task
+    from env_service.bfcl.config import EnvConfig
+    from env_service.bfcl.episode import Episode
+    from env_service.bfcl.tasks import load_task
     from env_service.vocabulary import MODE_TRAIN
 
     config = EnvConfig.from_dict(env_params)

@@ -26,7 +26,7 @@ import os
 import re
 import sys
 
-from env_service.ood_tasks import OOD_CATEGORIES, is_ood_task
+from env_service.bfcl.ood_tasks import OOD_CATEGORIES, is_ood_task
 from seal.eval import report
 from seal.eval.records import describe_failures, finished_tasks, load_records
 from seal.eval.tasks import SELECTIONS, select_tasks

@@ -29,8 +29,8 @@ import os
 import subprocess
 import sys
 
-from env_service.ood_tasks import MEMORY_CATEGORIES, OOD_CATEGORIES
-from env_service.parser import parse_assistant
+from env_service.bfcl.ood_tasks import MEMORY_CATEGORIES, OOD_CATEGORIES
+from env_service.bfcl.parser import parse_assistant
 from env_service.vocabulary import CATEGORY_PREFIX, STEP_PARSE_ERROR
 from seal.eval.records import scored
 

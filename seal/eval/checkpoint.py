@@ -99,8 +99,7 @@ def prompt_fit_overrides(recipe: str, overrides: list[str]) -> list[str]:
     Nothing when they fit, or when the overrides set the budget themselves (then preflight names the keys)."""
     from omegaconf import OmegaConf
 
-    from seal import launch
-    from seal.launch import prompt_budget
+    from seal import launch, prompt_budget
 
     if any(o.lstrip("+").split("=", 1)[0] in PROMPT_KEYS for o in overrides):
         return []

@@ -189,7 +189,7 @@ def run_endpoint(
 
 def _connect(settings: EndpointSettings, env_url: str | None, env_secret_file: str | None):
     """(environment client, the endpoint as a ``Generate``, the records' ``source``)."""
-    from env_service.auth import resolve_secret
+    from env_service.http.auth import resolve_secret
 
     env = make_client(env_url, retries=2, secret=resolve_secret(secret_file=env_secret_file))
     generate = functools.partial(chat, settings, session=requests.Session())

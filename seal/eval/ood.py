@@ -1,6 +1,6 @@
 """Out-of-distribution evaluation: bfcl's memory and web-search categories through the environment service.
 
-Evaluate-only (``env_service/ood_tasks.py``). A memory category runs, per scenario, the scenario's prerequisite
+Evaluate-only (``env_service/bfcl/ood_tasks.py``). A memory category runs, per scenario, the scenario's prerequisite
 conversations one after the other (each episode starts from the memory snapshot the previous one's evaluation
 handed back, as bfcl chains them), then every selected question of the scenario from the final snapshot, in
 parallel. The chain's outcome is kept in ``<out>/memory_prereq/<category>/<scenario>.json`` (the snapshot and
@@ -17,8 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from env_service.files import atomic_write_json
-from env_service.ood_tasks import (
+from env_service.bfcl.ood_tasks import (
     MEMORY_CATEGORIES,
     OOD_CATEGORIES,
     is_ood_task,
@@ -28,6 +27,7 @@ from env_service.ood_tasks import (
     prereq_chain,
     unavailable_reason,
 )
+from env_service.files import atomic_write_json
 from seal.eval.records import append_record, make_record
 
 PREREQ_DIR = "memory_prereq"

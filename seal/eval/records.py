@@ -24,8 +24,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from env_service.ood_tasks import ood_category
-from env_service.parser import parse_assistant
+from env_service.bfcl.ood_tasks import ood_category
+from env_service.bfcl.parser import parse_assistant
 from env_service.vocabulary import short_category, task_category
 
 
@@ -101,7 +101,7 @@ class TurnLog:
         return [list(t) for t in self.turns]
 
 
-#: What an OOD evaluation adds to a record (``env_service.ood_episode``).
+#: What an OOD evaluation adds to a record (``env_service.bfcl.ood_episode``).
 OOD_FIELDS = ("kind", "scenario", "answer", "possible_answers", "memory_snapshot")
 
 

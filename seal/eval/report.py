@@ -22,7 +22,7 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from env_service.ood_tasks import OOD_CATEGORIES
+from env_service.bfcl.ood_tasks import OOD_CATEGORIES
 from env_service.vocabulary import CATEGORIES
 from seal.eval.records import describe_failures, load_records, scored
 from seal.eval.tau2_tasks import TAU2_CATEGORIES

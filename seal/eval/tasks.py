@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from env_service.tasks import task_ids
+from env_service.bfcl.tasks import task_ids
 from env_service.vocabulary import CATEGORIES, task_category
 
 SELECTIONS = ("heldout", "train", "all")

@@ -229,7 +229,7 @@ def _in_hub_cache(model: str) -> bool:
 def _check_data(config, problems):
     """Every data file readable, with rows and a task id in each; evaluate-only tasks in none of them; and, when
     the run trains, no task both trained on and held out."""
-    from seal.launch.prompt_budget import DataFileError, task_rows
+    from seal.prompt_budget import DataFileError, task_rows
 
     task_ids: dict[str, list[str]] = {}
     for key in ("train_files", "val_files"):
@@ -260,7 +260,7 @@ def _validates(trainer) -> bool:
 
 def _refuse_ood_tasks(key: str, path: str, task_ids: list[str], problems: list[str]) -> None:
     """The out-of-distribution tasks (bfcl's memory / web-search categories) are evaluate-only: never in a run's data."""
-    from env_service.ood_tasks import is_ood_task
+    from env_service.bfcl.ood_tasks import is_ood_task
 
     ood = list(dict.fromkeys(task_id for task_id in task_ids if is_ood_task(task_id)))
     if ood:
@@ -273,7 +273,7 @@ def _refuse_ood_tasks(key: str, path: str, task_ids: list[str], problems: list[s
 
 def _refuse_contamination(train: list[str], val: list[str], problems: list[str]) -> None:
     """A task trained on is never scored as held out: not one of the held-out split, not one of the validation files."""
-    from env_service.tasks import task_ids
+    from env_service.bfcl.tasks import task_ids
 
     heldout = set(task_ids("heldout"))
     validated = set(val)
@@ -281,7 +281,7 @@ def _refuse_contamination(train: list[str], val: list[str], problems: list[str])
     in_val = [task_id for task_id in dict.fromkeys(train) if task_id in validated and task_id not in heldout]
     if in_heldout:
         problems.append(
-            f"data.train_files hold {_some(in_heldout)} task(s) of the held-out split (env_service.tasks, the "
+            f"data.train_files hold {_some(in_heldout)} task(s) of the held-out split (env_service.bfcl.tasks, the "
             "released 400/400 split): held-out tasks are for validation and evaluation only; remove them"
         )
     if in_val:
@@ -318,7 +318,7 @@ def _check_lengths(config, problems):
 def _check_prompt_budget(config, problems):
     """Every first prompt of the run (train rows in train mode, the others in validate mode) fits the budget."""
     from env_service.client import EnvServiceError
-    from seal.launch import prompt_budget
+    from seal import prompt_budget
 
     files = [f for key in ("train_files", "val_files") for f in _as_list(config.data[key])]
     if not all(Path(f).exists() for f in files):
@@ -368,7 +368,8 @@ def _check_batching(config, problems):
 def _check_checkpoint_disk(config, problems):
     """The checkpoints the recipe keeps fit in the free space at ``trainer.default_local_dir`` (what is already
     there counts: a resumed run's checkpoints are among those it keeps)."""
-    from seal.launch.memory_estimate import checkpoint_disk, disk_size
+    from seal.launch.memory_estimate import checkpoint_disk
+    from seal.units import disk_size
 
     disk = checkpoint_disk(config)
     if disk is None or not disk.total_bytes:
@@ -410,8 +411,8 @@ def environment_service(config: DictConfig):
     when it dies and exits with its owner (``LocalService``); a run stopped for environment failures ends with
     ``RunStopped``, one line naming the service and its log (docs/faults.md).
     """
-    from env_service.auth import resolve_secret
     from env_service.client import EnvClient
+    from env_service.http.auth import resolve_secret
     from seal.launch import env_services
 
     env = config.env_service
@@ -442,7 +443,7 @@ def environment_service(config: DictConfig):
 
 @contextlib.contextmanager
 def _local_service(config: DictConfig, secret: str):
-    from env_service.auth import SECRET_ENV
+    from env_service.http.auth import SECRET_ENV
     from seal.launch.env_services import LocalService, serve_flags
 
     env = config.env_service
@@ -478,7 +479,8 @@ def _node_services(config: DictConfig, secret: str):
     to the cluster again with its own runtime environment, and reconnects at the end to stop them."""
     import ray
 
-    from seal.launch.env_services import ACTOR_NAMESPACE, serve_flags, start_node_services, stop_node_services
+    from seal.env_clients import ACTOR_NAMESPACE
+    from seal.launch.env_services import serve_flags, start_node_services, stop_node_services
 
     env = config.env_service
     address = config.ray_kwargs.ray_init.get("address") or "auto"  # several nodes: a cluster started with `ray start`

@@ -3,8 +3,7 @@
 One node: the launcher starts one ``python -m env_service serve`` on 127.0.0.1 (a free port unless
 ``env_service.port`` names one). Several nodes (``trainer.nnodes > 1``): one service per node, each on
 its own node's loopback and owned by a Ray actor pinned to that node; ``env_service.nodes`` maps Ray
-node id -> URL, an agent-loop worker uses its own node's service (:func:`service_for_this_node`) and a
-failure profile goes to every one (:func:`profile_client`).
+node id -> URL; how the run's workers find them is :mod:`seal.env_clients`.
 
 Every service gets the run's shared secret (a file only its owner can read, never a command-line
 argument or a log line) and a fresh service id that ``/health`` echoes: a different server answering on
@@ -14,7 +13,6 @@ the same port is refused, never used.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import secrets
 import socket
@@ -25,12 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from env_service.auth import resolve_secret
-from env_service.client import EnvClient, EnvServiceError, ProfileFanOut, make_client
+from env_service.client import EnvClient, EnvServiceError, make_client
+from seal.env_clients import ACTOR_NAMESPACE, actor_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Ray namespace of the per-node service actors (named ``<service_id>:<node_id>``).
-ACTOR_NAMESPACE = "seal-env-services"
 LOOPBACK = "127.0.0.1"
 
 
@@ -216,10 +212,6 @@ def wait_healthy(url: str, proc: subprocess.Popen, service_id: str, timeout_s: f
 # ---- one service per node ---------------------------------------------------------------------------------
 
 
-def actor_name(service_id: str, node_id: str) -> str:
-    return f"{service_id}:{node_id}"
-
-
 class NodeService:
     """Ray actor owning one node's service (a loopback ``LocalService`` with the run's secret)."""
 
@@ -295,76 +287,14 @@ def stop_node_services(service_id: str, node_ids) -> None:
             ray.kill(actor)
 
 
-def _node_actor(env, node_id: str):
-    import ray
-
-    return ray.get_actor(actor_name(env.service_id, node_id), namespace=ACTOR_NAMESPACE)
-
-
-def service_for_this_node(env) -> tuple[str, str | None]:
-    """``(url, secret)`` of the environment service an agent-loop worker uses (``env``: ``config.env_service``).
-
-    With ``env.nodes`` (several nodes): the service of the node this process runs on; else ``env.url``
-    with the secret from ``env.secret_file`` or ``$SEAL_ENV_SECRET``. Resolved once per process.
-    """
-    nodes = env.get("nodes")
-    return _resolve(env.url, env.get("secret_file"), env.get("service_id"), tuple(sorted(dict(nodes or {}).items())))
-
-
-@functools.lru_cache(maxsize=8)
-def _resolve(url, secret_file, service_id, nodes: tuple) -> tuple[str, str | None]:
-    if not nodes:
-        return url, resolve_secret(secret_file=secret_file)
-    import ray
-
-    node_id, urls = ray.get_runtime_context().get_node_id(), dict(nodes)
-    if node_id not in urls:
-        raise ServiceStartError(
-            f"no environment service runs on Ray node {node_id} (services: {sorted(urls)}); "
-            "a node joined after the launcher started the services"
-        )
-    actor = ray.get_actor(actor_name(service_id, node_id), namespace=ACTOR_NAMESPACE)
-    return urls[node_id], ray.get(actor.secret.remote())
-
-
-class _NodeProfileClient:
-    """``set_profile`` through a node's actor (the services listen on their own node's loopback only)."""
-
-    def __init__(self, actor, run_id: str | None):
-        self.actor, self.run_id = actor, run_id
-
-    def set_profile(self, profile: dict) -> dict:
-        import ray
-
-        try:
-            return ray.get(self.actor.set_profile.remote(profile, self.run_id))
-        except Exception as exc:  # a Ray error wrapping whatever the node raised
-            raise EnvServiceError(None, f"pushing the profile through {self.actor}: {exc}", "node_error") from exc
-
-    def close(self) -> None:
-        pass
-
-
-def profile_client(env, run_id: str | None, **http_options):
-    """Where the trainer pushes failure profiles: every node's service, or the one service."""
-    nodes = env.get("nodes")
-    if not nodes:
-        url, secret = service_for_this_node(env)
-        return make_client(url, run_id=run_id, secret=secret, **http_options)
-    return ProfileFanOut([_NodeProfileClient(_node_actor(env, node_id), run_id) for node_id in nodes])
-
-
 __all__ = [
-    "ACTOR_NAMESPACE",
     "LocalService",
     "NodeService",
     "ServiceStartError",
     "free_port",
     "new_secret",
     "new_service_id",
-    "profile_client",
     "serve_flags",
-    "service_for_this_node",
     "start_node_services",
     "stop_node_services",
     "wait_healthy",

@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from seal.report.paper_numbers import GPU_MEMORY_UTILIZATION as PAPER_GPU_MEMORY_UTILIZATION
+from seal.paper_numbers import GPU_MEMORY_UTILIZATION as PAPER_GPU_MEMORY_UTILIZATION
+from seal.units import GIB, disk_size, gib
 
-GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 #: Bytes per parameter of FSDP state: parameters and gradients in the model dtype, Adam's two fp32 moments.
 ADAM_STATE_BYTES = 8
@@ -155,10 +155,6 @@ def model_shape(model_path: str) -> tuple[ModelShape, str] | None:
     return None
 
 
-def _gib(n_bytes: float) -> str:
-    return f"{n_bytes / GIB:.1f} GiB"
-
-
 @dataclass(frozen=True)
 class TrainingPeak:
     """Per GPU during the backward of one actor micro-batch (see the module docstring for what each part is)."""
@@ -189,20 +185,20 @@ class TrainingPeak:
 
     def lines(self, gpu_bytes: float, gpus: int) -> list[str]:
         activations = (
-            f"    checkpointed activations ({self.layers} layer inputs): {_gib(self.checkpointed_bytes)}; "
-            f"one layer recomputed in backward: {_gib(self.recomputed_layer_bytes)}"
+            f"    checkpointed activations ({self.layers} layer inputs): {gib(self.checkpointed_bytes)}; "
+            f"one layer recomputed in backward: {gib(self.recomputed_layer_bytes)}"
             if self.recomputed_layer_bytes
-            else f"    activations of {self.layers} layers (no gradient checkpointing): {_gib(self.checkpointed_bytes)}"
+            else f"    activations of {self.layers} layers (no gradient checkpointing): {gib(self.checkpointed_bytes)}"
         )
         vllm = "asleep (weights and KV cache freed)" if self.vllm_asleep else "awake (free_cache_engine off)"
         return [
-            f"  training peak ({self.tokens:,} tokens per micro-batch): {_gib(self.total_bytes)} of {_gib(gpu_bytes)}",
-            f"    actor state (parameters + gradients + Adam, FSDP over {gpus}): {_gib(self.state_bytes)}",
-            *([f"    reference (on GPU): {_gib(self.ref_bytes)}"] if self.ref_bytes else []),
+            f"  training peak ({self.tokens:,} tokens per micro-batch): {gib(self.total_bytes)} of {gib(gpu_bytes)}",
+            f"    actor state (parameters + gradients + Adam, FSDP over {gpus}): {gib(self.state_bytes)}",
+            *([f"    reference (on GPU): {gib(self.ref_bytes)}"] if self.ref_bytes else []),
             activations,
-            f"    logits and their gradient ({self.tokens:,} x {self.vocab:,}): {_gib(self.logits_bytes)}",
-            f"    gathered FSDP units (largest unit + its gradient, next unit): {_gib(self.gathered_bytes)}",
-            f"    vLLM {vllm} and CUDA contexts: {_gib(self.vllm_bytes)}",
+            f"    logits and their gradient ({self.tokens:,} x {self.vocab:,}): {gib(self.logits_bytes)}",
+            f"    gathered FSDP units (largest unit + its gradient, next unit): {gib(self.gathered_bytes)}",
+            f"    vLLM {vllm} and CUDA contexts: {gib(self.vllm_bytes)}",
         ]
 
 
@@ -247,19 +243,19 @@ class MemoryEstimate:
         return self.actor_bytes + self.ref_bytes + self.vllm_share_bytes
 
     def lines(self) -> list[str]:
-        gpu = f"{_gib(self.gpu_bytes)} GPUs" + (" assumed (no GPU visible)" if self.gpu_assumed else "")
+        gpu = f"{gib(self.gpu_bytes)} GPUs" + (" assumed (no GPU visible)" if self.gpu_assumed else "")
         ref_place = "offloaded to host memory" if self.ref_offload else "on GPU"
         return [
             f"memory per GPU (estimate): {self.model}, {self.parameters / 1e9:.2f}B parameters from {self.source}; "
             f"{self.gpus} x {gpu}",
-            f"  rollout: {_gib(self.rollout_total_bytes)} of {_gib(self.gpu_bytes)}",
+            f"  rollout: {gib(self.rollout_total_bytes)} of {gib(self.gpu_bytes)}",
             f"    actor ({self.actor_dtype} parameters + Adam, FSDP over {self.gpus}; gradients freed after each "
-            f"update): {_gib(self.actor_bytes)}"
-            + (f" (+ {_gib(self.actor_host_bytes)} offloaded to host)" if self.actor_host_bytes else ""),
-            f"    reference ({ref_place}): {_gib(self.ref_bytes)}"
-            + (f" (+ {_gib(self.ref_host_bytes)} on host)" if self.ref_offload else ""),
-            f"    vLLM share: {_gib(self.vllm_share_bytes)} = weights {_gib(self.vllm_weight_bytes)} + runtime "
-            f"reserve {VLLM_RUNTIME_RESERVE_GIB:.1f} GiB + KV cache {_gib(self.kv_cache_bytes)} "
+            f"update): {gib(self.actor_bytes)}"
+            + (f" (+ {gib(self.actor_host_bytes)} offloaded to host)" if self.actor_host_bytes else ""),
+            f"    reference ({ref_place}): {gib(self.ref_bytes)}"
+            + (f" (+ {gib(self.ref_host_bytes)} on host)" if self.ref_offload else ""),
+            f"    vLLM share: {gib(self.vllm_share_bytes)} = weights {gib(self.vllm_weight_bytes)} + runtime "
+            f"reserve {VLLM_RUNTIME_RESERVE_GIB:.1f} GiB + KV cache {gib(self.kv_cache_bytes)} "
             f"-> {self.kv_tokens:,} tokens per replica ({self.replicas} replicas x TP {self.tensor_parallel})",
             f"    contexts at once ({self.busiest_phase}): {self.running_sequences} of {self.sequences_per_replica} "
             f"sequences per replica x max_model_len {self.max_model_len} = {self.context_tokens:,} tokens",
@@ -279,12 +275,12 @@ class MemoryEstimate:
         if self.gpu_memory_utilization != PAPER_GPU_MEMORY_UTILIZATION:
             extra = self.paper_share_bytes - self.vllm_share_bytes
             rollout = self.rollout_total_bytes + extra
-            training = "unchanged (vLLM asleep)" if self.training.vllm_asleep else f"+{_gib(extra)}"
+            training = "unchanged (vLLM asleep)" if self.training.vllm_asleep else f"+{gib(extra)}"
             lines.append(
                 f"  the paper's value (its hyperparameter table; the released recipe has {self.gpu_memory_utilization}): "
                 f"actor_rollout_ref.rollout.gpu_memory_utilization={PAPER_GPU_MEMORY_UTILIZATION} -> vLLM share "
-                f"{_gib(self.paper_share_bytes)} ({'+' if extra >= 0 else ''}{_gib(extra)} per GPU), KV cache "
-                f"{self.paper_kv_tokens:,} tokens per replica; rollout {_gib(rollout)} of {_gib(self.gpu_bytes)}; "
+                f"{gib(self.paper_share_bytes)} ({'+' if extra >= 0 else ''}{gib(extra)} per GPU), KV cache "
+                f"{self.paper_kv_tokens:,} tokens per replica; rollout {gib(rollout)} of {gib(self.gpu_bytes)}; "
                 f"training peak {training}"
             )
         return lines
@@ -503,11 +499,6 @@ class CheckpointDisk:
 
 def _count(parameters: int) -> str:
     return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:.2f}M"
-
-
-def disk_size(n_bytes: float) -> str:
-    """GiB, or MiB below one GiB (the CPU recipes' tiny models)."""
-    return _gib(n_bytes) if n_bytes >= GIB else f"{n_bytes / 1024**2:.1f} MiB"
 
 
 def checkpoint_disk(config) -> CheckpointDisk | None:

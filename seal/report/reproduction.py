@@ -164,7 +164,7 @@ def rows() -> list[str]:
 def ood_rows() -> list[str]:
     """The rows of the paper's OOD table (the Qwen backbones'): the ToolACE rows fill no OOD cell, so the plan does
     not evaluate them out of distribution."""
-    from seal.report import paper_numbers
+    from seal import paper_numbers
 
     names = {hub.split("/")[-1]: backbone for backbone, (_recipe, hub) in BACKBONES.items()}
     return [f"{names[backbone]}__{training}" for backbone, training in paper_numbers.OOD]

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_service import _bfcl
+from env_service.bfcl import upstream
 
 
 @dataclass
@@ -43,9 +43,9 @@ def format_call_string(call: ToolCall) -> str:
 
 @functools.cache
 def backend_class(class_name: str) -> type:
-    if class_name not in _bfcl.CLASS_FILE_PATH_MAPPING:
+    if class_name not in upstream.CLASS_FILE_PATH_MAPPING:
         raise ValueError(f"unknown BFCL backend class {class_name!r}")
-    module = importlib.import_module(_bfcl.CLASS_FILE_PATH_MAPPING[class_name])
+    module = importlib.import_module(upstream.CLASS_FILE_PATH_MAPPING[class_name])
     return getattr(module, class_name)
 
 

@@ -1,17 +1,17 @@
 """Episodes in worker processes: every core busy, time budgets that can interrupt, and hangs contained.
 
 Backend work is CPU-bound Python, so one process runs one call at a time whatever the threads. The
-:class:`WorkerPool` starts ``n`` processes (``python -m env_service.workers FD``, talking pickles over a
+:class:`WorkerPool` starts ``n`` processes (``python -m env_service.workers.pool FD``, talking pickles over a
 socket pair: nothing of the service's threaded process is forked, and no caller's main module is re-run,
 as multiprocessing's spawn would); each loads the task table once (about 2 s) and
-then holds whole :class:`~env_service.episode.Episode` objects — backends, turn records, the verifier's replay
+then holds whole :class:`~env_service.bfcl.episode.Episode` objects — backends, turn records, the verifier's replay
 at evaluate — keyed by the manager's instance id. An episode stays on the worker that created it, because
 its backend state lives there. A new episode goes to the worker with the fewest episodes among those busy
 less than half of the last ``BUSY_WINDOW_S`` (all of them when none is): a worker that a hostile client keeps
 busy with budget-exhausting messages gets no new episodes while another one has room.
 
 Inside a worker, calls run on the main thread, where the episode's time budgets interrupt them
-(:func:`~env_service.executor.time_limit`). The parent waits for each answer at most the request's budget
+(:func:`~env_service.bfcl.executor.time_limit`). The parent waits for each answer at most the request's budget
 plus ``worker_grace_s``; a worker that does not answer by then (work a timer cannot interrupt, the memory cap) is
 killed and replaced, and the episode whose request it was serving is the one that fails, with :class:`WorkerLost`.
 A worker that dies of another cause (the OOM killer, an operator) is noticed the moment it exits (the monitor
@@ -24,7 +24,7 @@ messages it replays did, and has a budget of its own (twice the worker time its 
 ``replay_budget_s``), so one owner's slow episodes never use up another's. Workers run with one pinned hash seed
 (:data:`WORKER_HASH_SEED`): a backend that iterates a set of strings answers alike on every worker, so a replay on
 the replacement answers as the original did. Requests to one worker are serialised in the parent by a
-:class:`~env_service.fair_gate.FairGate`, so the pipe carries one request at a time, and a waiting request of the
+:class:`~env_service.workers.fair_gate.FairGate`, so the pipe carries one request at a time, and a waiting request of the
 owner that used the workers least lately goes first: an owner that keeps many budget-busting messages queued delays
 its own requests, not another owner's.
 
@@ -58,12 +58,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from env_service import tasks
-from env_service.config import ServiceLimits
-from env_service.fair_gate import FairGate, Usage
-from env_service.ood_episode import load_any_task, new_episode
-from env_service.parent_watch import exit_with_parent
-from env_service.scratch import SCRATCH_ENV, make_scratch_root
+from env_service.bfcl import tasks
+from env_service.bfcl.config import ServiceLimits
+from env_service.bfcl.ood_episode import load_any_task, new_episode
+from env_service.bfcl.scratch import SCRATCH_ENV, make_scratch_root
+from env_service.workers.fair_gate import FairGate, Usage
+from env_service.workers.parent_watch import exit_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ class WorkerPool:
     def _launch(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair()
         beats_ours, beats_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        package_root = str(Path(__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[2])
         scratch = os.path.join(self.scratch, f"worker-{next(self._launches)}")
         os.makedirs(scratch)
         env = {
@@ -289,7 +289,7 @@ class WorkerPool:
             "PYTHONHASHSEED": WORKER_HASH_SEED,  # read when the interpreter starts: it must be in the child's environment
         }
         process = subprocess.Popen(
-            [sys.executable, "-m", "env_service.workers", str(theirs.fileno()), str(beats_theirs.fileno())],
+            [sys.executable, "-m", "env_service.workers.pool", str(theirs.fileno()), str(beats_theirs.fileno())],
             pass_fds=[theirs.fileno(), beats_theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,

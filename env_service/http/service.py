@@ -1,6 +1,6 @@
-"""The environment service: a FastAPI app over :class:`~env_service.manager.EpisodeManager`.
+"""The environment service: a FastAPI app over :class:`~env_service.episodes.manager.EpisodeManager`.
 
-Endpoints (routes built from :data:`env_service.endpoints.ENDPOINTS`; JSON bodies; responses are JSON; errors are ``{"error": code, "detail": message}``):
+Endpoints (routes built from :data:`env_service.http.endpoints.ENDPOINTS`; JSON bodies; responses are JSON; errors are ``{"error": code, "detail": message}``):
 
 =================  ==========================================================  =====================
 ``POST /create``   ``{task_id, mode: "train"|"validate", params: {}, request_id?}``   ``{instance_id, messages, info}``
@@ -48,12 +48,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from env_service.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
-from env_service.endpoints import ENDPOINTS, Caller, Endpoint
+from env_service.episodes.manager import EpisodeManager, check_instance_id
 from env_service.errors import ManagerError
-from env_service.http_limits import MAX_BODY_BYTES, HttpLimits, guarded_protocol, peer_key
+from env_service.http.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
+from env_service.http.endpoints import ENDPOINTS, Caller, Endpoint
+from env_service.http.limits import MAX_BODY_BYTES, HttpLimits, guarded_protocol, peer_key
 from env_service.json_safe import sanitise
-from env_service.manager import EpisodeManager, check_instance_id
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         # One thread per connection that can carry a request: a request waiting for its episode's worker (served
-        # lightest owner first, env_service.fair_gate) holds a thread of its own, never one another client needs.
+        # lightest owner first, env_service.workers.fair_gate) holds a thread of its own, never one another client needs.
         # Blocked threads cost little (2,048 of them: ~32 MiB); the GIL bounds the parallelism anyway.
         app.state.limiter = anyio.CapacityLimiter(limits.max_connections)
         # Before the first request: a cold task table hit by many concurrent creates is built once.

@@ -16,7 +16,7 @@ Official verdict (``valid``; bfcl ``_evaluate_single_multi_turn_entry`` + ``mult
   ``budget_exceeded`` fails the verdict (``multi_turn:budget_exceeded``): its state is whatever the stopped
   call left, so no comparison with the GT means anything.
 
-The replay runs under the same budgets as the episode (:class:`~env_service.config.ServiceLimits`): each
+The replay runs under the same budgets as the episode (:class:`~env_service.bfcl.config.ServiceLimits`): each
 model call gets ``call_budget_s``, the whole replay ``evaluate_budget_s``; calls the episode already saw
 stopped are not run again (their recorded text stands in), and model results are clipped to
 ``max_reply_bytes`` (a ground-truth result is at most 31 KB, so no verdict can change).
@@ -69,11 +69,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from env_service import _bfcl
-from env_service.calls import ToolCall, parse_call_string
-from env_service.config import RewardConfig, ServiceLimits
-from env_service.executor import BackendSession, CallOverBudget, clip_text
-from env_service.tasks import Task, load_task
+from env_service.bfcl import upstream
+from env_service.bfcl.calls import ToolCall, parse_call_string
+from env_service.bfcl.config import RewardConfig, ServiceLimits
+from env_service.bfcl.executor import BackendSession, CallOverBudget, clip_text
+from env_service.bfcl.tasks import Task, load_task
 from env_service.vocabulary import (
     EXECUTION_ERROR_PREFIX,
     LABEL_ARGUMENT_MISMATCH,
@@ -297,9 +297,9 @@ def _turn_tag(
     if not gt_instances or set(model_instances) != set(gt_instances):
         return TAG_INSTANCE_MISMATCH
     try:
-        if not _bfcl.state_checker(model_instances, gt_instances)["valid"]:
+        if not upstream.state_checker(model_instances, gt_instances)["valid"]:
             return TAG_STATE_MISMATCH
-        if not _bfcl.response_checker(all_model_results, gt_results, turn_index)["valid"]:
+        if not upstream.response_checker(all_model_results, gt_results, turn_index)["valid"]:
             return TAG_RESPONSE_MISMATCH
     except Exception:
         return TAG_CHECKER_ERROR

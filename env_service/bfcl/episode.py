@@ -13,7 +13,7 @@ assistant message with exactly one message:
   become callable, the system prompt is never updated), the last turn ends the episode with
   ``[CONVERSATION_COMPLETED]``, otherwise the next question.
 
-Limits (:class:`~env_service.config.ServiceLimits`; every refusal is a text the model reads):
+Limits (:class:`~env_service.bfcl.config.ServiceLimits`; every refusal is a text the model reads):
 
 * a message with more than ``max_calls_per_message`` calls is refused like a parse error (nothing runs);
 * the step after ``max_steps`` is answered with a limit text and ends the episode;
@@ -22,7 +22,7 @@ Limits (:class:`~env_service.config.ServiceLimits`; every refusal is a text the 
   message are skipped, and each gets an ``Error during execution: ...`` result; the verifier tags the turn
   ``budget_exceeded``;
 * the reply is cut to ``max_reply_bytes`` with a marker;
-* after each message the backend state is measured (:func:`~env_service.executor.state_size`); above
+* after each message the backend state is measured (:func:`~env_service.bfcl.executor.state_size`); above
   ``max_state_bytes`` the reply says so and tool calls are refused for the rest of the episode;
 * every reply reports what the episode keeps (``info["kept_bytes"]``: records and state), which the service adds
   up per owner (``max_owner_bytes``).
@@ -42,10 +42,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_service import interface, prompts
-from env_service.calls import ToolCall
-from env_service.config import EnvConfig, RewardConfig, ServiceLimits
-from env_service.executor import (
+from env_service.bfcl import interface, prompts
+from env_service.bfcl.calls import ToolCall
+from env_service.bfcl.config import EnvConfig, RewardConfig, ServiceLimits
+from env_service.bfcl.executor import (
     BackendSession,
     CallOverBudget,
     ToolNotAvailable,
@@ -54,9 +54,9 @@ from env_service.executor import (
     state_size,
     time_limit,
 )
-from env_service.parser import ParsedMessage, parse_assistant, shown_name
-from env_service.tasks import Task
-from env_service.verifier import TurnRecord, evaluate_episode, over_budget_text
+from env_service.bfcl.parser import ParsedMessage, parse_assistant, shown_name
+from env_service.bfcl.tasks import Task
+from env_service.bfcl.verifier import TurnRecord, evaluate_episode, over_budget_text
 from env_service.vocabulary import (
     EPISODE_MODES,
     ERROR_MARKER,

@@ -76,8 +76,8 @@ def budget_tokenizer(model_path: str):
 
 def worst_case_profile(env_params: dict) -> dict | None:
     """A failure profile under which capability cues pick their ``max_lines`` longest guidelines (None: cues off)."""
-    from env_service.config import EnvConfig
-    from env_service.interface import DEFAULT_GUIDELINES
+    from env_service.bfcl.config import EnvConfig
+    from env_service.bfcl.interface import DEFAULT_GUIDELINES
 
     cues = EnvConfig.from_dict(env_params).capability_cues
     if not cues.enable:

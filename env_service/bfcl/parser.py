@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_service.calls import ToolCall
+from env_service.bfcl.calls import ToolCall
 
 #: The released parser's pattern (used with ``re.DOTALL``); the reference for the linear matcher below.
 TOOL_CALL_PATTERN = r"<tool_call>\s*\n?({.*?})\s*\n?\</tool_call>"

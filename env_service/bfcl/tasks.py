@@ -16,7 +16,7 @@ import random
 import threading
 from dataclasses import dataclass
 
-from env_service import _bfcl
+from env_service.bfcl import upstream
 from env_service.vocabulary import CATEGORIES, CATEGORY_PREFIX
 
 TASKS_PER_CATEGORY = 200
@@ -120,11 +120,11 @@ def _build_all_tasks() -> dict[str, Task]:
     """All 800 tasks, parsed once per process. Private: never hand these objects out (shared)."""
     tasks: dict[str, Task] = {}
     for category in CATEGORIES:
-        bfcl_category = _bfcl.DATASET_CATEGORY_PREFIX + category
+        bfcl_category = upstream.DATASET_CATEGORY_PREFIX + category
         # include_language_specific_hint=False keeps the docs free of bfcl's "Python 3 syntax" suffix
         # (and load_dataset_entry reads fresh dicts per entry, so no description mutation is shared).
-        entries = _bfcl.load_dataset_entry(bfcl_category, include_prereq=False, include_language_specific_hint=False)
-        answers = _bfcl.load_ground_truth_entry(bfcl_category)
+        entries = upstream.load_dataset_entry(bfcl_category, include_prereq=False, include_language_specific_hint=False)
+        answers = upstream.load_ground_truth_entry(bfcl_category)
         if len(entries) != TASKS_PER_CATEGORY or len(answers) != TASKS_PER_CATEGORY:
             raise RuntimeError(f"{bfcl_category}: expected {TASKS_PER_CATEGORY} entries")
         for entry, answer in zip(entries, answers):

@@ -1,7 +1,7 @@
 """The service's endpoints, written once: the HTTP routes (``service.py``) and the in-process client
 (``client.py``) are both built from :data:`ENDPOINTS`.
 
-Each endpoint names the :class:`~env_service.manager.EpisodeManager` method it calls; the body's fields are
+Each endpoint names the :class:`~env_service.episodes.manager.EpisodeManager` method it calls; the body's fields are
 that method's keyword arguments, so a request means the same on both transports. ``/health`` is not here:
 each transport answers it itself (the HTTP one adds the worker processes and the service id).
 """
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from env_service.vocabulary import MODE_TRAIN, MODE_VALIDATE
 
 if TYPE_CHECKING:
-    from env_service.manager import EpisodeManager
+    from env_service.episodes.manager import EpisodeManager
 
 
 class _Body(BaseModel):

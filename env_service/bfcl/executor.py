@@ -70,8 +70,8 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from env_service import _bfcl
-from env_service.calls import ToolCall, backend_class, format_call_string, public_method_names
+from env_service.bfcl import upstream
+from env_service.bfcl.calls import ToolCall, backend_class, format_call_string, public_method_names
 from env_service.vocabulary import EXECUTION_ERROR_PREFIX
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def state_size(root: Any, limit: int) -> int:
 
 def _fresh_instance(class_name: str, initial_config: Mapping, long_context: bool) -> object:
     instance = backend_class(class_name)()
-    if class_name not in _bfcl.STATELESS_CLASSES:
+    if class_name not in upstream.STATELESS_CLASSES:
         instance._load_scenario(copy.deepcopy(initial_config.get(class_name, {})), long_context=long_context)
     # Detach the instance from module-level data that _load_scenario inserted by reference
     # (long-context TravelAPI credit cards / bookings). The memo keeps self-references pointing here.
@@ -300,7 +300,7 @@ def _denied_name(processed: str) -> str | None:
     head = processed.split("(")[0] if "(" in processed else processed
     if "." in head:
         head = head.split(".")[1]
-    return head if head in _bfcl.DENIED_FUNCTION_NAMES else None
+    return head if head in upstream.DENIED_FUNCTION_NAMES else None
 
 
 def _syntax_error_text(error: SyntaxError) -> str:
@@ -574,7 +574,7 @@ class BackendSession:
             first = _first_loaded_name(parsed)
         except _Unsupported:
             first = None
-        if first is not None and first not in _bfcl.EVAL_NAMESPACE_NAMES and first != _PLACEHOLDER_INSTANCE:
+        if first is not None and first not in upstream.EVAL_NAMESPACE_NAMES and first != _PLACEHOLDER_INSTANCE:
             return f"{EXECUTION_ERROR_PREFIX}name '{first}' is not defined"
         return f"{EXECUTION_ERROR_PREFIX}invalid function name; only the listed tools can be called"
 

@@ -1,5 +1,5 @@
 """Episodes of the out-of-distribution tasks (``ood_tasks.py``): bfcl's memory and web-search categories,
-evaluate-only, with the same mechanics as a multi-turn :class:`~env_service.episode.Episode`.
+evaluate-only, with the same mechanics as a multi-turn :class:`~env_service.bfcl.episode.Episode`.
 
 The turn mechanics, parser, limits and executor are the multi-turn episode's: tool calls are parsed from the
 model's text and dispatched by name with literal JSON arguments to the public methods of bfcl's own backend
@@ -14,7 +14,7 @@ What differs:
   through bfcl's own ``_load_scenario`` from a private scratch folder, and a prerequisite's evaluation hands back
   the snapshot its backend flushes at the end (bfcl's ``_flush_memory_to_local_file``). The first prerequisite
   of a chain starts empty whatever it is given, as in bfcl. Snapshots are capped at
-  :data:`~env_service.ood_tasks.MAX_SNAPSHOT_BYTES`;
+  :data:`~env_service.bfcl.ood_tasks.MAX_SNAPSHOT_BYTES`;
 * the verdict of a question is bfcl's ``agentic_checker`` on the last message that ran no tool call (bfcl checks
   the last step its decoder finds no call in: a plain answer, or a message it cannot decode); a prerequisite is not
   scored (``valid`` None). There are no progress tags or paper labels.
@@ -32,12 +32,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from env_service import _bfcl, prompts, tasks, web_guard
-from env_service.calls import backend_class
-from env_service.config import EnvConfig, RewardConfig, ServiceLimits
-from env_service.episode import Episode, StepResult
-from env_service.executor import BackendSession, clip_text
-from env_service.ood_tasks import (
+from env_service.bfcl import prompts, tasks, upstream, web_guard
+from env_service.bfcl.calls import backend_class
+from env_service.bfcl.config import EnvConfig, RewardConfig, ServiceLimits
+from env_service.bfcl.episode import Episode, StepResult
+from env_service.bfcl.executor import BackendSession, clip_text
+from env_service.bfcl.ood_tasks import (
     KIND_PREREQ,
     MAX_SNAPSHOT_BYTES,
     OodTask,
@@ -45,7 +45,7 @@ from env_service.ood_tasks import (
     load_ood_task,
     unavailable_reason,
 )
-from env_service.scratch import scratch_root
+from env_service.bfcl.scratch import scratch_root
 from env_service.vocabulary import MODE_TRAIN, MODE_VALIDATE, STEP_PARSE_ERROR
 
 #: bfcl's error type when no message without a tool call exists (``_evaluate_single_agentic_entry``).
@@ -134,7 +134,7 @@ def check_snapshot(snapshot: Any, backend: str | None = None) -> dict | None:
 
 
 class OodEpisode(Episode):
-    """An episode of an :class:`~env_service.ood_tasks.OodTask` (see the module docstring)."""
+    """An episode of an :class:`~env_service.bfcl.ood_tasks.OodTask` (see the module docstring)."""
 
     def __init__(
         self,
@@ -180,7 +180,7 @@ class OodEpisode(Episode):
         if task.is_memory:
             root = Path(self._scratch)
             if self._snapshot_in is not None:  # where bfcl's _prepare_snapshot looks for the scenario's state
-                folder = root / _bfcl.get_directory_structure_by_id(task.id) / "memory_snapshot"
+                folder = root / upstream.get_directory_structure_by_id(task.id) / "memory_snapshot"
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / f"{task.scenario}_final.json").write_text(json.dumps(self._snapshot_in), encoding="utf-8")
             config = {"model_result_dir": root, "scenario": task.scenario, "test_id": task.id}
@@ -195,7 +195,7 @@ class OodEpisode(Episode):
         question = copy.deepcopy(task.question)
         if task.is_memory:
             instance = self._session.instances[task.backend]
-            question = _bfcl.add_memory_instruction_system_prompt(question, task.category, task.scenario, instance)
+            question = upstream.add_memory_instruction_system_prompt(question, task.category, task.scenario, instance)
         first = question[0][0] if question and question[0] else {}
         system = first.get("content", "") if first.get("role") == "system" else ""
         tool_prompt = prompts.tools_system_prompt(self._tools, self.config.tool_prompt_mode)
@@ -254,7 +254,7 @@ class OodEpisode(Episode):
         if answer is None:
             valid, error_type = False, NO_ANSWER_ERROR
         else:
-            checked = _bfcl.agentic_checker(answer, task.possible_answers)
+            checked = upstream.agentic_checker(answer, task.possible_answers)
             valid, error_type = bool(checked["valid"]), checked.get("error_type")
         return {
             **result,
@@ -277,7 +277,7 @@ class OodEpisode(Episode):
 
 
 def load_any_task(task_id: str):
-    """A multi-turn :class:`~env_service.tasks.Task` or an :class:`OodTask` (KeyError for unknown ids)."""
+    """A multi-turn :class:`~env_service.bfcl.tasks.Task` or an :class:`OodTask` (KeyError for unknown ids)."""
     return load_ood_task(task_id) if is_ood_task(task_id) else tasks.load_task(task_id)
 
 

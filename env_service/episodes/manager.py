@@ -43,9 +43,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_service import ood_tasks
-from env_service import tasks as tasks_mod
-from env_service.config import EnvConfig, RewardConfig, ServiceLimits
+from env_service.bfcl import ood_tasks
+from env_service.bfcl import tasks as tasks_mod
+from env_service.bfcl.config import EnvConfig, RewardConfig, ServiceLimits
+from env_service.bfcl.ood_episode import check_snapshot, evaluate_only_message, load_any_task, new_episode
 from env_service.errors import (
     BadRequest,
     CapacityExceeded,
@@ -65,9 +66,8 @@ from env_service.errors import (
     UnknownTask,
 )
 from env_service.json_safe import json_safe
-from env_service.ood_episode import check_snapshot, evaluate_only_message, load_any_task, new_episode
 from env_service.vocabulary import EPISODE_MODES, MODE_TRAIN
-from env_service.workers import WorkerBusy, WorkerLost, WorkerPool
+from env_service.workers.pool import WorkerBusy, WorkerLost, WorkerPool
 
 log = logging.getLogger(__name__)
 

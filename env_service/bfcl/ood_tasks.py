@@ -26,12 +26,12 @@ import os
 import threading
 from dataclasses import dataclass
 
-from env_service import _bfcl
+from env_service.bfcl import upstream
 
 MEMORY_CATEGORIES: tuple[str, ...] = ("memory_kv", "memory_rec_sum", "memory_vector")
 WEB_SEARCH_CATEGORIES: tuple[str, ...] = ("web_search_base", "web_search_no_snippet")
 OOD_CATEGORIES: tuple[str, ...] = MEMORY_CATEGORIES + WEB_SEARCH_CATEGORIES
-MEMORY_SCENARIOS: tuple[str, ...] = tuple(_bfcl.MEMORY_SCENARIO_NAME)
+MEMORY_SCENARIOS: tuple[str, ...] = tuple(upstream.MEMORY_SCENARIO_NAME)
 
 KIND_PREREQ = "memory_prereq"  # a prerequisite conversation: fills the memory, not scored
 KIND_QUESTION = "memory_question"
@@ -47,10 +47,12 @@ EMBEDDING_REPO = f"sentence-transformers/{EMBEDDING_MODEL}"
 #: (key-value: 7 core entries of 300 characters and 50 archival entries of 2,000; summary: 10,000 characters).
 MAX_SNAPSHOT_BYTES = 1 << 20
 
-if set(MEMORY_CATEGORIES) != set(_bfcl.MEMORY_CATEGORY) or set(WEB_SEARCH_CATEGORIES) != set(
-    _bfcl.WEB_SEARCH_CATEGORY
+if set(MEMORY_CATEGORIES) != set(upstream.MEMORY_CATEGORY) or set(WEB_SEARCH_CATEGORIES) != set(
+    upstream.WEB_SEARCH_CATEGORY
 ):  # pragma: no cover - a bfcl-eval release with other categories
-    raise RuntimeError(f"bfcl-eval's agentic categories changed: {_bfcl.MEMORY_CATEGORY + _bfcl.WEB_SEARCH_CATEGORY}")
+    raise RuntimeError(
+        f"bfcl-eval's agentic categories changed: {upstream.MEMORY_CATEGORY + upstream.WEB_SEARCH_CATEGORY}"
+    )
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,8 @@ def _tasks(category: str) -> dict[str, OodTask]:
 @functools.cache
 def _build_tasks(category: str) -> dict[str, OodTask]:
     """Every entry of ``category`` (memory: prerequisites included), in bfcl's order. Private: shared objects."""
-    entries = _bfcl.load_dataset_entry(category, include_prereq=True, include_language_specific_hint=False)
-    answers = _bfcl.load_ground_truth_entry(category)
+    entries = upstream.load_dataset_entry(category, include_prereq=True, include_language_specific_hint=False)
+    answers = upstream.load_ground_truth_entry(category)
     family = "memory" if category in MEMORY_CATEGORIES else "web_search"
     # bfcl renames the package's ids (``memory_0-customer-0``) to the category's and aligns answers by position.
     by_id = {answer["id"].replace(family, category, 1): answer["ground_truth"] for answer in answers}

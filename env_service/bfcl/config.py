@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from env_service.prompts import OBSERVATION_NOTE
+from env_service.bfcl.prompts import OBSERVATION_NOTE
 
 #: ``tool_prompt_mode`` values. ``bfcl_qwen_fc``: bfcl's Qwen FC tool block (``<tool_call>`` JSON, the recipe).
 #: ``toolace_llama``: bfcl's default prompting system prompt (what bfcl uses for ToolACE-2-8B); the model
