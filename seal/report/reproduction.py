@@ -350,15 +350,14 @@ class Cost:
     assumptions: Assumptions
     decode: Decode
     flops_per_parameter: int
+    step_s: float  # wall-clock seconds of one training step (rollout, update, sync, environment); 0 for eval
+    wall_s: float  # wall-clock seconds of the whole run: start-up, steps, validations, saves
 
 
 def training_steps(config) -> int:
-    from seal.launch.memory_estimate import data_rows
+    from seal.launch.memory_estimate import training_steps as steps_of
 
-    if config.trainer.total_training_steps:
-        return int(config.trainer.total_training_steps)
-    rows = data_rows(config.data.train_files, REPO)
-    return int(config.trainer.total_epochs) * (rows // int(config.data.train_batch_size))  # verl drops the last
+    return steps_of(config, REPO)
 
 
 def validations(config, steps: int) -> int:
@@ -378,7 +377,7 @@ def decode_rate(found, sequences: int, context: int, max_num_seqs: int, gpu: Gpu
 def cost(config, kind: str, gpu: GpuType = GPU_TYPES[0], assume: Assumptions = ASSUMPTIONS[0]) -> Cost | None:
     """The estimate for a ``train`` or ``eval`` step's composed config on ``gpu`` under ``assume``; None when the
     model's size is unknown. Wall-clock time of the run times its GPUs."""
-    from seal.launch.memory_estimate import ADAM_STATE_BYTES, DTYPE_BYTES, GIB, data_rows, estimate
+    from seal.launch.memory_estimate import GIB, checkpoint_disk, data_rows, estimate
 
     found = estimate(config, gpu_bytes=gpu.memory_gib * GIB)
     if found is None:
@@ -410,17 +409,15 @@ def cost(config, kind: str, gpu: GpuType = GPU_TYPES[0], assume: Assumptions = A
         step_s = step_rollout_s + train_s + assume.sync_s + assume.environment_s
         checks = validations(config, steps)
         saves = 2 if assume.saves == "last" else checks + 1
-        dtype = str(aro.actor.fsdp_config.get("model_dtype") or "fp32")
-        save_bytes = parameters * (DTYPE_BYTES[dtype] + ADAM_STATE_BYTES)  # what verl writes: weights and Adam
-        export_bytes = parameters * DTYPE_BYTES[str(aro.rollout.dtype)]  # the best checkpoint's Hugging Face export
+        disk = checkpoint_disk(config)  # what a save writes, and the best checkpoint's Hugging Face export
         wall = assume.startup_s + steps * step_s + checks * val_s
-        wall += (saves * save_bytes + export_bytes) / assume.save_bytes_per_s
+        wall += (saves * disk.checkpoint_bytes + disk.export_bytes) / assume.save_bytes_per_s
         train_episodes, val_episodes = steps * episodes, checks * val_rows
     else:
-        steps, train_episodes, val_episodes = 0, 0, val_rows
+        steps, train_episodes, val_episodes, step_s = 0, 0, val_rows, 0.0
         _, rate = rollout_s(val_rows)
         wall = assume.startup_s + val_s
-    return Cost(steps, train_episodes, val_episodes, wall * gpus / 3600, gpus, gpu, assume, rate, flops)
+    return Cost(steps, train_episodes, val_episodes, wall * gpus / 3600, gpus, gpu, assume, rate, flops, step_s, wall)
 
 
 # ---- the rehearsal ---------------------------------------------------------------------------------
