@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 
 from env_service.ood_tasks import OOD_CATEGORIES, is_ood_task
@@ -212,11 +213,41 @@ def _selected(args, results_path: str) -> tuple[list[str], list[str]]:
         raise SelectionError(str(exc)) from None
 
 
+def out_dir_of(args) -> str:
+    """``--out``, else ``eval_results/<name>``."""
+    return args.out or os.path.join("eval_results", _name(args))
+
+
 def evaluate(args) -> int:
-    """Run the command; 0 when every selected episode ran, 1 when some could not (their tables are written)."""
-    name = _name(args)
-    out_dir = args.out or os.path.join("eval_results", name)
+    """Run the command; 0 when every selected episode ran, 1 when some could not (their tables are written), 2 when
+    it was refused before any episode ran (then it leaves no folder it made)."""
+    if args.command == "checkpoint" and args.model:
+        from seal.launch import model_problem
+
+        problem, _ = model_problem(args.model)  # before anything is written or loaded
+        if problem:
+            raise SelectionError(f"--model {problem}")
+    out_dir = out_dir_of(args)
+    made = not os.path.exists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    try:
+        status = _evaluate(args, out_dir)
+    except SelectionError:
+        _remove_if_empty(out_dir, made)
+        raise
+    if status == 2:
+        _remove_if_empty(out_dir, made)
+    return status
+
+
+def _remove_if_empty(out_dir: str, made: bool) -> None:
+    """A folder this command made and that holds no result: removed, so a refused command leaves nothing."""
+    if made and not load_records(os.path.join(out_dir, RESULTS_FILE)):
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _evaluate(args, out_dir: str) -> int:
+    name = _name(args)
     results_path = os.path.join(out_dir, RESULTS_FILE)
     if args.command == "endpoint":
         from seal.eval.endpoint import EndpointSettings, run_endpoint
