@@ -74,6 +74,20 @@ def test_keys_verl_reads_but_its_yaml_omits_and_open_maps_pass_and_their_typos_d
     ]
 
 
+def test_the_overrides_seal_eval_checkpoint_passes_name_keys_of_every_recipe(tmp_path):
+    """``seal.tiny_model.build=false`` is a key of every recipe now (seal_defaults has the block): on main it failed
+    to compose on a GPU recipe, so ``seal.eval checkpoint --model M`` could not run exp/SEAL.yaml at all."""
+    from seal.eval.checkpoint import eval_overrides
+    from seal.launch import compose_recipe
+
+    model = tmp_path / "model"
+    model.mkdir()
+    overrides = eval_overrides(str(model), str(tmp_path / "tasks.parquet"), str(tmp_path / "r.jsonl"), str(tmp_path))
+    for recipe in ("SEAL.yaml", "cpu_tiny.yaml"):
+        assert recipe_key_problems(ROOT / "exp" / recipe, overrides) == []
+        assert compose_recipe(str(ROOT / "exp" / recipe), overrides).seal.tiny_model.build is False
+
+
 # ---- every key of every recipe -------------------------------------------------------------------------------
 
 
