@@ -192,7 +192,8 @@ def test_one_dry_run_reports_a_typo_the_disk_and_the_estimate_together(monkeypat
 
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
     monkeypatch.setattr(memory_estimate, "free_bytes", lambda path: 50 * GIB)
-    assert launch.main(["--conf", SEAL, "--dry-run", "+seal.apach.enable=false"]) == 2
+    no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
+    assert launch.main(["--conf", SEAL, "--dry-run", "+seal.apach.enable=false", no_prompts]) == 2
     out, err = capsys.readouterr()
     assert (
         "[keys] override +seal.apach.enable=false: seal.apach.enable: no such key; did you mean seal.apatch.enable?"
@@ -233,7 +234,10 @@ def test_kv_capacity_against_a_steps_demand_and_the_papers_value_by_hand(
     assert (found.kv_tokens, found.paper_kv_tokens) == (capacity, paper_capacity)
     assert found.phase_sequences == {"train step": 32 * 8 // 4, "validation": 400 // 4}
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
-    assert launch.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run"]) == 2  # no GPU here: printed all the same
+    no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
+    assert (
+        launch.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run", no_prompts]) == 2
+    )  # no GPU: printed all the same
     out = capsys.readouterr().out
     train, val = 64 * max_model_len, 100 * max_model_len
     assert (
