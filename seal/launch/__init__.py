@@ -96,9 +96,10 @@ class Findings:
             self.skipped.append(check.__name__.removeprefix("_check_").replace("_", " "))
         self.add(kind, found)
 
-    def raise_if_any(self, header: str = "the recipe cannot run") -> None:
+    def raise_if_any(self) -> None:
         if self.problems:
-            raise PreflightError(f"{header}:\n  - " + "\n  - ".join(f"[{kind}] {text}" for kind, text in self.problems))
+            lines = (f"[{kind}] {text}" for kind, text in self.problems)
+            raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(lines))
 
 
 def check_keys(conf: str, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -124,11 +125,12 @@ def check_values(config: DictConfig) -> None:
     found.raise_if_any()
 
 
-def check_inputs(config: DictConfig) -> None:
-    """The recipe's model and data files and the disk for its checkpoints (:data:`INPUT_CHECKS`)."""
+def check_inputs(config: DictConfig) -> list[str]:
+    """The recipe's model and data files and the disk for its checkpoints (:data:`INPUT_CHECKS`); returns warnings."""
     found = Findings()
     _run_checks(found, INPUT_CHECKS, config)
     found.raise_if_any()
+    return found.warnings
 
 
 def preflight(config: DictConfig) -> list[str]:
@@ -608,9 +610,7 @@ def prepare(config: DictConfig) -> DictConfig:
 
         build_tiny_model(tiny.out_dir, seed=int(tiny.seed), shape=tiny.get("shape", "default"))
         warm = tiny.get("warm_start")
-        if warm and warm.get(
-            "out_dir"
-        ):  # a few supervised steps on ground-truth episodes (seal/cpu/warm_start.py), cached
+        if warm and warm.get("out_dir"):  # supervised steps on ground-truth episodes (seal/cpu/warm_start.py), cached
             from seal.cpu.warm_start import warm_start
 
             bfcl = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
@@ -750,9 +750,12 @@ def checked_config(conf: str, overrides: list[str]) -> DictConfig:
     found.raise_if_any()
     config = compose_recipe(conf, overrides)
     check_values(config)  # before prepare() builds anything from the values
-    check_inputs(config)
+    warnings = check_inputs(config)
     config = prepare(config)
-    for warning in preflight(config):
+    found = Findings()
+    _run_checks(found, NODE_CHECKS, config)
+    found.raise_if_any()
+    for warning in warnings + found.warnings:
         print(f"[seal] warning: {warning}")
     _check_nodes(config)
     return config
