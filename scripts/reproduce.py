@@ -98,7 +98,10 @@ def print_assumptions() -> None:
 
 
 def print_plan(out: str) -> None:
+    from seal.units import disk_size
+
     steps = reproduction.plan(out)
+    disks = {row.row: row for row in reproduction.plan_disk(out)}
     totals: dict[tuple[str, str], list[float]] = {}
     print(f"# The paper's reproduction on GPUs: {len(steps)} commands, in order (outputs under {out}/)\n")
     for i, step in enumerate(steps, 1):
@@ -108,18 +111,44 @@ def print_plan(out: str) -> None:
         if costs:
             for line in cost_lines(step, costs):
                 print(line)
+        if step.kind == "train":
+            disk = disks[step.row]
+            print(
+                f"    disk: {disk.disk.describe()} at its peak; keeps {disk_size(disk.kept_bytes)} for its evaluations"
+            )
             for c in costs:
                 totals.setdefault((c.gpu.name, step.kind), [0.0, 0.0])[
                     c.assumptions is reproduction.ASSUMPTIONS[1]
                 ] += c.gpu_hours
     print(
-        "\nserve / ood: one vLLM server per row of the paper's OOD table (the Qwen backbones; the ToolACE rows fill no "
-        "OOD cell and are not evaluated there); USER_ENDPOINT/USER_MODEL: tau2's user simulator (docs/ood.md)."
+        "\nood: each row of the paper's OOD table (the Qwen backbones; the ToolACE rows fill no OOD cell and are not "
+        "evaluated there) with its checkpoint served by vLLM for the command's length (--serve: started, watched and "
+        "stopped by seal.eval); USER_ENDPOINT/USER_MODEL: tau2's user simulator (docs/ood.md)."
     )
     for gpu in reproduction.GPU_TYPES:
         parts = [f"{kind} {low:.0f}-{high:.0f}" for (name, kind), (low, high) in totals.items() if name == gpu.name]
         print(f"GPU-hours on {gpu.name}: " + ", ".join(parts) + " (OOD not estimated: about 1-2 GPU-hours a row).")
+    print(
+        f"Checkpoint disk under {out}/checkpoints: {disk_size(reproduction.whole_disk(list(disks.values())))} at the "
+        "peak (every trained row's best and last checkpoint kept for its evaluations, one row in training)."
+    )
     print_assumptions()
+
+
+def print_wall_clock() -> None:
+    """Expected wall-clock time per training step and per run of each backbone's SEAL recipe on one node of 1, 2, 4
+    and 8 GPUs of each type (the plan's cost model, low-high), as the markdown table docs/recipes.md shows."""
+    print("| recipe | GPUs | " + " | ".join(f"{g.name}: step, run" for g in reproduction.GPU_TYPES) + " | memory |")
+    print("| --- | --- | " + " | ".join("---" for _ in reproduction.GPU_TYPES) + " | --- |")
+    for recipe, _model in reproduction.BACKBONES.values():
+        for gpus in reproduction.WALL_CLOCK_GPUS:
+            found = [reproduction.wall_clock(recipe, gpus, gpu) for gpu in reproduction.GPU_TYPES]
+            cells = [
+                f"{w.low.step_s / 60:.1f}-{w.high.step_s / 60:.1f} min, {w.low.wall_s / 3600:.1f}-{w.high.wall_s / 3600:.1f} h"
+                for w in found
+            ]
+            memory = "fits 80 GB" if found[0].fits else "does not fit 80 GB: offload (launcher.py --dry-run)"
+            print(f"| `{recipe}` | {gpus} | " + " | ".join(cells) + f" | {memory} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--plan", action="store_true", help="print the GPU reproduction, step by step")
     mode.add_argument("--rehearse", action="store_true", help="run the same chain on CPU from the paper's recipes")
+    mode.add_argument(
+        "--wall-clock",
+        action="store_true",
+        help="print the expected time per step and per run on 1, 2, 4 and 8 GPUs (the plan's estimate)",
+    )
     parser.add_argument("--out", help="output folder (default: experiments/paper, experiments/rehearsal)")
     parser.add_argument("--rows", help="comma-separated rows to rehearse (default: all), e.g. qwen2.5-7b__seal")
     parser.add_argument("--steps", type=int, help="training steps per run in a rehearsal (default: the swap's, 1)")
@@ -134,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.plan:
         print_plan(args.out or "experiments/paper")
+        return 0
+    if args.wall_clock:
+        print_wall_clock()
         return 0
     known = set(reproduction.rows())
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None

@@ -84,3 +84,24 @@ def test_an_unknown_selection_is_one_line_and_exit_2(tmp_path, capsys, selection
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        ("checkpoints/seal/SEAL/best/huggingface", "does not exist"),  # the docs' old, wrong path
+        ("checkpoints/best", "does not exist"),  # two parts, like a hub id, but checkpoints/ is a folder here
+        ("some-org/no-such-model", "nor in the Hugging Face cache"),  # a hub id, offline, not cached
+    ],
+)
+def test_a_missing_checkpoint_is_refused_before_any_work_and_leaves_nothing(tmp_path, monkeypatch, capsys, model, says):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    assert main(["checkpoint", "--model", model, "--ids", "multi_turn_base_0", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--model {model!r}" in err and says in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # no eval_results/, nothing written

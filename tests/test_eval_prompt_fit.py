@@ -1,14 +1,21 @@
-"""``seal.eval checkpoint`` with the CPU recipe: the held-out prompts (about 6k tokens) do not fit the 4,096 tokens
-that recipe trains with, so the evaluation raises the budget to what the tasks need; a budget the user sets
-stays theirs, and preflight says which keys to raise."""
+"""``seal.eval checkpoint`` with the CPU recipe: the held-out prompts (up to 7,041 tokens, as docs/evaluation.md
+says) do not fit the 4,096 tokens that recipe trains with, so the evaluation raises the budget to what the tasks
+need; a budget the user sets stays theirs, and preflight says which keys to raise."""
 
 from __future__ import annotations
 
-import pytest
+import re
+from pathlib import Path
 
+import pytest
+from omegaconf import OmegaConf
+
+from seal import prompt_budget
 from seal.eval.checkpoint import CPU_RECIPE, eval_overrides, prompt_fit_overrides
 from seal.eval.tasks import select_tasks, write_eval_dataset
 from seal.launch import _check_prompt_budget, compose_recipe
+
+EVALUATION_MD = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +46,15 @@ def test_a_budget_the_user_sets_is_kept_and_preflight_names_the_keys(heldout_eva
     assert prompt_fit_overrides(CPU_RECIPE, mine) == []
     (problem,) = prompt_problems(mine)
     assert "raise data.max_prompt_length" in problem and "actor_rollout_ref.rollout.max_model_len" in problem
+
+
+def test_the_held_out_prompt_length_evaluation_md_states():
+    """The task it names, rendered and counted with the CPU recipe's Qwen2.5 tokenizer, has the length it states, and
+    the recipe's budget is the one it states."""
+    text = EVALUATION_MD.read_text()
+    stated = re.search(r"Held-out first prompts run to ([\d,]+) tokens \(`(\w+)`", text)
+    config = compose_recipe(CPU_RECIPE)
+    env = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+    longest = prompt_budget.longest(str(config.actor_rollout_ref.model.path), env, [(stated[2], "validate")])
+    assert f"{longest['validate'].tokens:,}" == stated[1]
+    assert f"`exp/cpu_tiny.yaml`'s {config.data.max_prompt_length:,}" in text

@@ -184,18 +184,29 @@ def test_unknown_hub_model_is_not_estimated():
     assert estimate(compose_recipe(SEAL, ["actor_rollout_ref.model.path=some-org/some-model"])) is None
 
 
-def test_dry_run_prints_the_estimate(monkeypatch, capsys):
+def test_one_dry_run_reports_a_typo_the_disk_and_the_estimate_together(monkeypatch, capsys):
+    """exp/SEAL.yaml with a misspelt key on a disk too small (its free space as the disk check reads it): the typo,
+    the disk and every other problem of this CPU machine (no GPU, the hub model neither cached nor downloadable
+    offline), then the memory and disk estimate, all from one dry run."""
     from seal.launch import memory_estimate
 
-    monkeypatch.setattr(launch, "preflight", lambda config: [])  # no GPUs here: the node checks would refuse
-    monkeypatch.setattr(launch, "check_inputs", lambda config: None)  # nor the hub model offline, uncached
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
-    assert launch.main(["--conf", SEAL, "--dry-run"]) == 0
-    out = capsys.readouterr().out
+    monkeypatch.setattr(memory_estimate, "free_bytes", lambda path: 50 * GIB)
+    no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
+    assert launch.main(["--conf", SEAL, "--dry-run", "+seal.apach.enable=false", no_prompts]) == 2
+    out, err = capsys.readouterr()
+    assert (
+        "[keys] override +seal.apach.enable=false: seal.apach.enable: no such key; did you mean seal.apatch.enable?"
+        in err
+    )
+    assert "[disk] trainer.default_local_dir" in err and "but 50.0 GiB is free there" in err
+    assert "[devices]" in err and "[paths]" in err
     assert "[seal] memory per GPU (estimate): Qwen/Qwen2.5-7B-Instruct, 7.62B parameters" in out
     assert "80.0 GiB GPUs assumed (no GPU visible)" in out and "[seal] warning: the KV cache holds" in out
     assert "[seal]   rollout: 53.3 GiB of 80.0 GiB" in out
     assert "[seal]   training peak (12,288 tokens per micro-batch): 46.4 GiB of 80.0 GiB" in out
+    assert "50.0 GiB free at" in out and "does NOT fit" in out
+    assert len(out.splitlines()) < 40  # short: the whole config only with --full-config
 
 
 # ToolACE-2-Llama-3.1-8B's config.json, by hand: 32 layers, 8 key/value heads of 128 (4096 / 32 heads), 8,030,261,248
@@ -222,10 +233,11 @@ def test_kv_capacity_against_a_steps_demand_and_the_papers_value_by_hand(
     found = estimate(compose_recipe(str(ROOT / "exp" / recipe)), gpu_bytes=80 * GIB)
     assert (found.kv_tokens, found.paper_kv_tokens) == (capacity, paper_capacity)
     assert found.phase_sequences == {"train step": 32 * 8 // 4, "validation": 400 // 4}
-    monkeypatch.setattr(launch, "preflight", lambda config: [])  # no GPUs here: the node checks would refuse
-    monkeypatch.setattr(launch, "check_inputs", lambda config: None)  # nor the hub model offline, nor this disk
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
-    assert launch.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run"]) == 0
+    no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
+    assert (
+        launch.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run", no_prompts]) == 2
+    )  # no GPU: printed all the same
     out = capsys.readouterr().out
     train, val = 64 * max_model_len, 100 * max_model_len
     assert (

@@ -300,9 +300,11 @@ def test_preflight_rejects_batches_that_cannot_split():
 def test_launcher_reports_bad_overrides_without_a_traceback(capsys):
     from seal.launch import main
 
-    assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "--dry-run", "no.such.key=1"]) == 2
+    assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "no.such.key=1"]) == 2
     err = capsys.readouterr().err
-    assert "invalid configuration" in err and "no.such.key" in err and "Traceback" not in err
+    assert "override no.such.key=1: no.such.key: no such key" in err and "Traceback" not in err
+    assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "data.train_batch_size=[1"]) == 2  # not an override
+    assert "invalid configuration" in capsys.readouterr().err
 
 
 def test_launcher_refuses_an_unreachable_environment_service(capsys):
@@ -327,12 +329,13 @@ def test_launcher_refuses_an_unreachable_environment_service(capsys):
         ("actor_rollout_ref.actor.optim.lr=fast", "actor_rollout_ref.actor.optim.lr must be a number"),
     ],
 )
-def test_dry_run_refuses_a_bad_value_in_one_line(capsys, override, says):
-    assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "--dry-run", override]) == 2
+def test_a_bad_value_is_refused_in_one_line_before_anything_starts(capsys, override, says):
+    # a real run (no --dry-run) stops at the first class of problem: the values, before the inputs or the node
+    assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), override]) == 2
     out, err = capsys.readouterr()
     assert says in err and "Traceback" not in err
     assert err.count("\n  - ") == 1  # one problem, one line
-    assert not out  # refused before the config is printed (or anything is built)
+    assert not out  # refused before anything is built or started
 
 
 def test_fractional_knobs_verl_writes_with_integer_defaults_pass():

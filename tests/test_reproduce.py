@@ -54,6 +54,8 @@ def test_the_plan_fills_every_cell_of_the_papers_tables(plan):
     # the OOD evaluations are the paper's OOD table's rows: the ToolACE rows fill no cell there and are dropped
     assert rows_of(plan, "ood") == {make_tables.row_key(b, t) for b, t in paper.OOD}
     assert {s.row for s in plan if s.kind == "ood" and "--user-endpoint" in s.argv} == rows_of(plan, "ood")  # tau2
+    # each serves its model for its own length (started, watched, stopped by seal.eval): no step left to the user
+    assert all("--serve" in s.argv for s in plan if s.kind == "ood") and {s.argv[0] for s in plan} == {"python"}
 
 
 def test_every_trained_row_evaluates_its_best_and_its_last_checkpoint(plan):

@@ -2,6 +2,7 @@
 
     python -m seal.eval checkpoint [--model PATH_OR_HUB_ID] [--conf exp/SEAL.yaml] [task options] [-- overrides]
     python -m seal.eval endpoint --endpoint http://host:8000/v1 --model NAME [--api-key KEY] [task options]
+    python -m seal.eval endpoint --serve CHECKPOINT --model NAME [--tool-call-parser hermes] [task options]
     python -m seal.eval report --out DIR
 
 Task options: ``--tasks heldout|train|all`` (default heldout), ``--category base``, ``--ids a,b,...``,
@@ -15,7 +16,8 @@ Out-of-distribution (evaluate-only, ``endpoint`` only): ``--category memory_kv,m
 a category that cannot run here is skipped with its reason (``seal/eval/ood.py``). ``--categories
 tau2_retail,tau2_airline,tau2_telecom`` (or ``--ids tau2_retail_5,...``) runs tau2-bench with tau2's own
 environments, user simulator and evaluator, the user played by ``--user-endpoint``/``--user-model``
-(``seal/eval/tau2.py``; needs ``bash scripts/install.sh tau2``).
+(``seal/eval/tau2.py``; needs ``bash scripts/install.sh tau2``). ``--serve`` serves a checkpoint with vLLM for the
+evaluation's length: started, watched and stopped here (``seal/eval/serve.py``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 
 from env_service.bfcl.ood_tasks import OOD_CATEGORIES, is_ood_task
-from seal.eval import report
+from seal.eval import report, serve
 from seal.eval.records import describe_failures, finished_tasks, load_records
 from seal.eval.tasks import SELECTIONS, select_tasks
 from seal.eval.tau2_tasks import TAU2_CATEGORIES, split_tau2_task_id
@@ -64,8 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("overrides", nargs="*", help="extra Hydra overrides for the recipe")
     _task_args(ckpt)
     api = sub.add_parser("endpoint", help="an OpenAI-compatible chat endpoint")
-    api.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
-    api.add_argument("--model", required=True, help="the model name the endpoint serves")
+    where = api.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoint", help="base URL of a running server, e.g. http://127.0.0.1:8000/v1")
+    where.add_argument(
+        "--serve",
+        metavar="CHECKPOINT",
+        help="serve this Hugging Face checkpoint (or hub id) with `vllm serve` for this evaluation: started, watched "
+        "and stopped here (seal/eval/serve.py; its log: serve.log under --out)",
+    )
+    api.add_argument("--model", required=True, help="the model name the endpoint serves (with --serve: its name)")
+    api.add_argument(
+        "--tool-call-parser",
+        default=serve.DEFAULT_TOOL_CALL_PARSER,
+        help="with --serve: vLLM's tool-call parser (hermes for Qwen2.5, pythonic for ToolACE-2)",
+    )
+    api.add_argument(
+        "--max-model-len", type=int, default=serve.DEFAULT_MAX_MODEL_LEN, help="with --serve: the served context"
+    )
     api.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     api.add_argument("--max-tokens", type=int, default=1024, help="tokens per model call")
     api.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
@@ -212,47 +230,104 @@ def _selected(args, results_path: str) -> tuple[list[str], list[str]]:
         raise SelectionError(str(exc)) from None
 
 
+def _endpoint_selection(args, results_path: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(tau2 categories, tau2 ids, multi-turn tasks, out-of-distribution questions) still to run."""
+    tau2_categories, tau2_ids = _split_tau2(args)
+    # only tau2 asked for: nothing else (an empty selection would mean the default held-out tasks)
+    only_tau2 = bool(tau2_categories or tau2_ids) and not (args.ids or args.category)
+    pending, ood_pending = ([], []) if only_tau2 else _selected(args, results_path)
+    return tau2_categories, tau2_ids, pending, ood_pending
+
+
+def _run_endpoint(args, out_dir: str, results_path: str, selection) -> int:
+    """The endpoint's episodes: the selected multi-turn tasks, out-of-distribution questions and tau2 domains."""
+    from seal.eval.endpoint import EndpointSettings, run_endpoint
+
+    tau2_categories, tau2_ids, pending, ood_pending = selection
+    settings = EndpointSettings(
+        url=args.endpoint,
+        model=args.model,
+        api_key=args.api_key,
+        max_tokens=args.max_tokens,
+        max_model_calls=args.max_model_calls or 20,
+    )
+    shared = {
+        "env_url": args.env_url,
+        "env_secret_file": args.env_secret_file,
+        "env_params": {"tool_prompt_mode": args.tool_prompt_mode},
+        "concurrency": args.concurrency,
+        "progress": not args.no_progress,
+    }
+    if pending:
+        run_endpoint(pending, settings, results_path, **shared)
+    if ood_pending:
+        from seal.eval.endpoint import run_endpoint_ood
+
+        run_endpoint_ood(ood_pending, settings, results_path, out_dir, **shared)
+    if tau2_categories or tau2_ids:
+        from seal.eval.tau2 import Tau2Failed
+
+        try:
+            _run_tau2(args, tau2_categories, tau2_ids, results_path, out_dir)
+        except Tau2Failed as error:
+            print(f"[seal.eval] tau2: {error}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def out_dir_of(args) -> str:
+    """``--out``, else ``eval_results/<name>``."""
+    return args.out or os.path.join("eval_results", _name(args))
+
+
 def evaluate(args) -> int:
-    """Run the command; 0 when every selected episode ran, 1 when some could not (their tables are written)."""
-    name = _name(args)
-    out_dir = args.out or os.path.join("eval_results", name)
+    """Run the command; 0 when every selected episode ran, 1 when some could not (their tables are written), 2 when
+    it was refused before any episode ran (then it leaves no folder it made)."""
+    model = args.model if args.command == "checkpoint" else getattr(args, "serve", None)
+    if model:
+        from seal.launch import model_problem
+
+        problem, _ = model_problem(model)  # before anything is written, loaded or served
+        if problem:
+            raise SelectionError(f"--{'model' if args.command == 'checkpoint' else 'serve'} {problem}")
+    out_dir = out_dir_of(args)
+    made = not os.path.exists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    try:
+        status = _evaluate(args, out_dir)
+    except SelectionError:
+        _remove_if_empty(out_dir, made)
+        raise
+    if status == 2:
+        _remove_if_empty(out_dir, made)
+    return status
+
+
+def _remove_if_empty(out_dir: str, made: bool) -> None:
+    """A folder this command made and that holds no result: removed, so a refused command leaves nothing."""
+    if made and not load_records(os.path.join(out_dir, RESULTS_FILE)):
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _evaluate(args, out_dir: str) -> int:
+    name = _name(args)
     results_path = os.path.join(out_dir, RESULTS_FILE)
     if args.command == "endpoint":
-        from seal.eval.endpoint import EndpointSettings, run_endpoint
-
-        settings = EndpointSettings(
-            url=args.endpoint,
-            model=args.model,
-            api_key=args.api_key,
-            max_tokens=args.max_tokens,
-            max_model_calls=args.max_model_calls or 20,
-        )
-        shared = {
-            "env_url": args.env_url,
-            "env_secret_file": args.env_secret_file,
-            "env_params": {"tool_prompt_mode": args.tool_prompt_mode},
-            "concurrency": args.concurrency,
-            "progress": not args.no_progress,
-        }
-        tau2_categories, tau2_ids = _split_tau2(args)
-        # only tau2 asked for: nothing else (an empty selection would mean the default held-out tasks)
-        only_tau2 = bool(tau2_categories or tau2_ids) and not (args.ids or args.category)
-        pending, ood_pending = ([], []) if only_tau2 else _selected(args, results_path)
-        if pending:
-            run_endpoint(pending, settings, results_path, **shared)
-        if ood_pending:
-            from seal.eval.endpoint import run_endpoint_ood
-
-            run_endpoint_ood(ood_pending, settings, results_path, out_dir, **shared)
-        if tau2_categories or tau2_ids:
-            from seal.eval.tau2 import Tau2Failed
-
+        selection = _endpoint_selection(args, results_path)  # an unknown task is refused before anything is served
+        if args.serve and any(selection):
+            port = serve.free_port()
+            argv = serve.vllm_argv(args.serve, args.model, port, args.tool_call_parser, args.max_model_len)
             try:
-                _run_tau2(args, tau2_categories, tau2_ids, results_path, out_dir)
-            except Tau2Failed as error:
-                print(f"[seal.eval] tau2: {error}", file=sys.stderr)
+                with serve.served(argv, f"http://127.0.0.1:{port}/v1", os.path.join(out_dir, "serve.log")) as url:
+                    args.endpoint = url
+                    status = _run_endpoint(args, out_dir, results_path, selection)
+            except serve.ServeFailed as error:
+                print(f"[seal.eval] error: {error}", file=sys.stderr)
                 return 1
+        else:
+            status = _run_endpoint(args, out_dir, results_path, selection)
+        if status:
+            return status
     elif args.command == "checkpoint":
         from seal.eval.checkpoint import run_checkpoint
 
@@ -260,8 +335,8 @@ def evaluate(args) -> int:
         pending, ood_pending = ([], []) if tau2_selected else _selected(args, results_path)
         if ood_pending or tau2_selected:
             print(
-                "[seal.eval] the out-of-distribution categories run through `endpoint` only: serve the checkpoint "
-                "with an OpenAI-compatible server (e.g. `vllm serve PATH`) and run `python -m seal.eval endpoint`",
+                "[seal.eval] the out-of-distribution categories run through `endpoint` only: "
+                "`python -m seal.eval endpoint --serve CHECKPOINT --model NAME ...` serves the checkpoint for them",
                 file=sys.stderr,
             )
             return 2

@@ -4,11 +4,13 @@ The CPU rehearsal of the paper (``scripts/reproduce.py --rehearse``) runs the ou
 it where a GPU run serves its checkpoint with vLLM: the same ``seal.eval endpoint`` command, environment service,
 tau2 worker, records and tables, with a model that never calls a tool. As the agent it answers every message
 with ``AGENT_REPLY``; as tau2's user simulator (any model name in ``USER_MODELS``) it ends the conversation at once
-with tau2's stop token. No state: a retry gets the same reply.
+with tau2's stop token. No state: a retry gets the same reply. ``GET /v1/models`` answers as a server that is up
+does. ``python -m seal.eval.stub_endpoint --port N`` serves it in a process of its own (the serving tests).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
@@ -48,6 +50,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path.rstrip("/") != "/v1/models":
+            self.send_error(404)
+            return
+        data = json.dumps({"object": "list", "data": [{"id": AGENT_MODEL, "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def log_message(self, *args):  # quiet: the evaluation prints its own progress
         pass
 
@@ -55,8 +68,11 @@ class _Handler(BaseHTTPRequestHandler):
 class StubEndpoint:
     """``with StubEndpoint() as stub: ... stub.url``: the OpenAI base URL (``http://127.0.0.1:PORT/v1``)."""
 
+    def __init__(self, port: int = 0):
+        self.port = port
+
     def __enter__(self) -> StubEndpoint:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -65,3 +81,11 @@ class StubEndpoint:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="serve the stub chat endpoint on loopback until stopped")
+    parser.add_argument("--port", type=int, required=True)
+    with StubEndpoint(parser.parse_args().port) as stub:
+        print(f"stub endpoint at {stub.url}", flush=True)
+        threading.Event().wait()

@@ -1,24 +1,28 @@
 """Compose a recipe, check it, start (or connect to) the environment service, and train.
 
-    python launcher.py --conf exp/SEAL.yaml [hydra overrides ...] [--dry-run]
+    python launcher.py --conf exp/SEAL.yaml [hydra overrides ...] [--dry-run [--full-config]]
 
-A recipe in ``exp/`` is a Hydra config whose defaults are verl's ``ppo_trainer`` and ``seal_defaults``; the
-search path for both is supplied here, so recipes can include one another (``defaults: [SEAL, _self_]``).
-Preflight turns the usual first-run failures (no GPU, a missing model or data file, an unreachable service,
-lengths that cannot fit, a disk too small for the checkpoints) into one clear message before Ray and verl start;
-the recipe's YAML, values, model, data files and checkpoint disk are checked first, before anything is built from
-them or torch is imported. A run that stops for a cause one line can say (a checkpoint that cannot be written) exits 1 with it.
+A recipe is a Hydra config whose defaults are verl's ``ppo_trainer`` and ``seal_defaults``; the search path for
+both and for the paper's recipes in ``exp/`` is supplied here, so a recipe kept anywhere can build on one
+(``defaults: [SEAL, _self_]``). Every key of the recipe's files and of the overrides must exist
+(``seal/config/keys.py``); then preflight turns the usual first-run failures (a bad value, no GPU, a missing model or
+data file, an unreachable service, lengths that cannot fit, a disk too small for the checkpoints) into clear messages
+before Ray and verl start. A run is refused at the first class of problem, in that order: keys, values, inputs
+(before anything is built from them or torch is imported), the node. ``--dry-run`` runs every check, prints every
+problem, then what the run would do and its memory and disk estimate. A run that stops for a cause one line can say
+(a checkpoint that cannot be written) exits 1 with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
-import shutil
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -42,15 +46,14 @@ class RunStopped(RuntimeError):
 def compose_recipe(conf: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
-    from seal.config.checks import verl_config_dir
+    from seal.config.keys import searchpath
 
     path = Path(conf)
     if not path.is_file():
         raise PreflightError(f"recipe {conf!r} not found (recipes live in exp/, e.g. exp/SEAL.yaml)")
-    searchpath = f"hydra.searchpath=[file://{verl_config_dir()},pkg://seal.config]"
     try:
         with initialize_config_dir(config_dir=str(path.resolve().parent), version_base=None):
-            return compose(config_name=path.stem, overrides=[searchpath, *overrides])
+            return compose(config_name=path.stem, overrides=[searchpath(), *overrides])
     except yaml.YAMLError as exc:  # the recipe or one it includes
         raise PreflightError(f"recipe {_yaml_problem(exc)}") from None
 
@@ -65,46 +68,85 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 # ---- preflight ------------------------------------------------------------------------------------
 
 
+@dataclass
+class Findings:
+    """What the checks of a recipe found: problems by class (``keys``, ``values``, ``paths``, ``disk``,
+    ``devices``, ``lengths``, ``batching``, ``checkpoints``, ``cluster``), warnings, and the checks that could not
+    run because of a problem already found."""
+
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, problems: list[str]) -> None:
+        self.problems += [(kind, problem) for problem in problems]
+
+    def run(self, kind: str, check, config) -> None:
+        """One ``check(config, problems)``; when earlier problems are found (a value of the wrong type), a check
+        that trips over them is skipped and named, not a traceback."""
+        found: list[str] = []
+        try:
+            if "warnings" in inspect.signature(check).parameters:
+                check(config, found, self.warnings)
+            else:
+                check(config, found)
+        except Exception:
+            if not self.problems:
+                raise
+            self.skipped.append(check.__name__.removeprefix("_check_").replace("_", " "))
+        self.add(kind, found)
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            lines = (f"[{kind}] {text}" for kind, text in self.problems)
+            raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(lines))
+
+
+def check_keys(conf: str, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Every key of the recipe's files and of the overrides, against the schema (``seal/config/keys.py``): one line
+    per unknown key with where it came from and the nearest key. Before anything is composed from them."""
+    from seal.config.keys import recipe_key_problems
+
+    if not Path(conf).is_file():
+        raise PreflightError(f"recipe {conf!r} not found (recipes live in exp/, e.g. exp/SEAL.yaml)")
+    try:
+        return recipe_key_problems(conf, overrides)
+    except yaml.YAMLError as exc:  # the recipe or one it includes
+        raise PreflightError(f"recipe {_yaml_problem(exc)}") from None
+
+
 def check_values(config: DictConfig) -> None:
     """Types of every key and the ``seal.*`` blocks (``seal/config/checks.py``): before anything is built or
     checked with them (the checks below would trip over a number given as text)."""
     from seal.config.checks import value_problems
 
-    problems = value_problems(config)
-    if problems:
-        raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
+    found = Findings()
+    found.add("values", value_problems(config))
+    found.raise_if_any()
 
 
-def check_inputs(config: DictConfig) -> None:
-    """The recipe's model and data files and the disk for its checkpoints, right after its values are checked:
-    before anything is built from them or torch is imported (a typo or a bad file is refused in a second or two)."""
-    problems: list[str] = []
-    _check_model(config, problems, [])
-    _check_data(config, problems)
-    _check_checkpoint_disk(config, problems)
-    if problems:
-        raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
+def check_inputs(config: DictConfig) -> list[str]:
+    """The recipe's model and data files and the disk for its checkpoints (:data:`INPUT_CHECKS`); returns warnings."""
+    found = Findings()
+    _run_checks(found, INPUT_CHECKS, config)
+    found.raise_if_any()
+    return found.warnings
 
 
 def preflight(config: DictConfig) -> list[str]:
     """Raise ``PreflightError`` listing every problem found; return warnings."""
     check_values(config)
-    problems: list[str] = []
-    warnings: list[str] = []
-    _check_device(config, problems)
-    _check_attention(config, problems)
-    _check_padding_removal(config, problems)
-    _check_model(config, problems, warnings)
-    _check_data(config, problems)
-    _check_checkpoint_disk(config, problems)
-    _check_lengths(config, problems)
-    if config.seal.preflight.prompt_budget:
-        _check_prompt_budget(config, problems)
-    _check_batching(config, problems)
-    _check_checkpoints(config, problems)
-    if problems:
-        raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
-    return warnings
+    found = Findings()
+    _run_checks(found, INPUT_CHECKS + NODE_CHECKS, config)
+    found.raise_if_any()
+    return found.warnings
+
+
+def _run_checks(found: Findings, checks, config) -> None:
+    for kind, check in checks:
+        if check is _check_prompt_budget and not config.seal.preflight.prompt_budget:
+            continue
+        found.run(kind, check, config)
 
 
 def _check_device(config, problems):
@@ -190,20 +232,37 @@ def _check_model(config, problems, warnings):
         return
     if _built_by_prepare(config, model):
         return
-    if model.startswith((".", "/")) or os.sep in model.strip("/").split("/", 1)[-1]:
-        problems.append(f"model.path {model!r} does not exist")
-        return
+    problem, warning = model_problem(model)
+    problems += [f"model.path {problem}"] if problem else []
+    warnings += [f"model.path {warning}"] if warning else []
+
+
+def model_problem(model: str) -> tuple[str | None, str | None]:
+    """(problem, warning) of a model given by path or hub id that is not a folder here: a path that does not
+    exist; a hub id offline and not in the Hugging Face cache (nothing may download it: said now, not after the hub
+    client's retries); or one that will be downloaded (a warning)."""
+    if os.path.exists(model):
+        return None, None
+    if is_local_path(model):
+        return f"{model!r} does not exist (from {os.getcwd()})", None
     from huggingface_hub import constants
 
     if _in_hub_cache(model):
-        return
-    if constants.HF_HUB_OFFLINE:  # nothing may download it: say so now, not after the hub client's retries
-        problems.append(
-            f"model.path {model!r} is neither a local directory nor in the Hugging Face cache "
-            f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1: check the id's spelling or point it at a local checkpoint"
-        )
-    else:
-        warnings.append(f"model.path {model!r} is a hub id not in the Hugging Face cache: it will be downloaded")
+        return None, None
+    if constants.HF_HUB_OFFLINE:
+        return (
+            f"{model!r} is neither a local directory nor in the Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+            "HF_HUB_OFFLINE=1: check the id's spelling or point it at a local checkpoint"
+        ), None
+    return None, f"{model!r} is a hub id not in the Hugging Face cache: it will be downloaded"
+
+
+def is_local_path(model: str) -> bool:
+    """Whether ``model`` names a folder on this machine rather than a hub id (``org/name``): it starts with ``.``,
+    ``/`` or ``~``, has more than two parts, or its first part is a folder here (``checkpoints/best``, ``outputs/m``:
+    two parts, like a hub id, but ``checkpoints/`` is this machine's)."""
+    parts = model.strip("/").split("/")
+    return model.startswith((".", "/", "~")) or len(parts) > 2 or (len(parts) == 2 and os.path.isdir(parts[0]))
 
 
 def _built_by_prepare(config, model: str) -> bool:
@@ -213,7 +272,7 @@ def _built_by_prepare(config, model: str) -> bool:
     if not (tiny and tiny.get("build")):
         return False
     warm = tiny.get("warm_start")
-    built = [tiny.out_dir, *([warm.out_dir] if warm else [])]
+    built = [tiny.out_dir, *([warm.out_dir] if warm and warm.get("out_dir") else [])]
     return any(Path(model).resolve() == Path(str(path)).resolve() for path in built)
 
 
@@ -366,26 +425,16 @@ def _check_batching(config, problems):
 
 
 def _check_checkpoint_disk(config, problems):
-    """The checkpoints the recipe keeps fit in the free space at ``trainer.default_local_dir`` (what is already
-    there counts: a resumed run's checkpoints are among those it keeps)."""
-    from seal.launch.memory_estimate import checkpoint_disk
+    """The checkpoints the recipe keeps fit in the free space at ``trainer.default_local_dir``."""
+    from seal.launch.memory_estimate import checkpoint_room
     from seal.units import disk_size
 
-    disk = checkpoint_disk(config)
-    if disk is None or not disk.total_bytes:
-        return  # a model of unknown size (not estimated), or a recipe that writes no checkpoint
-    root = Path(str(config.trainer.default_local_dir)).absolute()
-    existing = root
-    while not existing.exists():
-        existing = existing.parent
-    present = sum(  # not through links: the `best` link is a checkpoint counted once
-        os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(root) for name in names
-    )
-    free = shutil.disk_usage(existing).free
-    if disk.total_bytes - present > free:
+    room = checkpoint_room(config)
+    if room is not None and not room.fits:
         problems.append(
-            f"trainer.default_local_dir {str(root)!r}: the run keeps {disk.describe()} but {disk_size(free)} is free "
-            "there: free space or point trainer.default_local_dir at a larger disk (docs/gpu.md, disk)"
+            f"trainer.default_local_dir {str(room.root)!r}: the run keeps {room.disk.describe()} but "
+            f"{disk_size(room.free_bytes)} is free there: free space or point trainer.default_local_dir at a larger "
+            "disk (docs/gpu.md, disk)"
         )
 
 
@@ -395,6 +444,21 @@ def _check_checkpoints(config, problems):
             "trainer.max_actor_ckpt_to_keep would rotate out the best checkpoint; with seal.checkpoint.save_best "
             "leave it null (seal.checkpoint.keep_only_best prunes the others at the end)"
         )
+
+
+#: The checks of the recipe's inputs, right after its values: before anything is built from them or torch is
+#: imported (a typo or a bad file is refused in a second or two).
+INPUT_CHECKS = (("paths", _check_model), ("paths", _check_data), ("disk", _check_checkpoint_disk))
+#: The checks of the recipe against this node, once ``prepare`` has built what the recipe builds.
+NODE_CHECKS = (
+    ("devices", _check_device),
+    ("devices", _check_attention),
+    ("devices", _check_padding_removal),
+    ("lengths", _check_lengths),
+    ("lengths", _check_prompt_budget),
+    ("batching", _check_batching),
+    ("checkpoints", _check_checkpoints),
+)
 
 
 # ---- environment service --------------------------------------------------------------------------
@@ -519,13 +583,21 @@ def _naming_the_service(describe):
 
 def _check_nodes(config: DictConfig) -> None:
     """Several nodes: each must see this repository, venv and data, and one shared checkpoint filesystem."""
-    if int(config.trainer.nnodes) <= 1:
-        return
-    from seal.launch.multinode import cluster_problems
-
-    problems = cluster_problems(config)
+    problems = _node_problems(config)
     if problems:
         raise PreflightError("the Ray nodes cannot run this recipe:\n  - " + "\n  - ".join(problems))
+
+
+def _check_cluster(config, problems):
+    problems += _node_problems(config)
+
+
+def _node_problems(config: DictConfig) -> list[str]:
+    if int(config.trainer.nnodes) <= 1:
+        return []
+    from seal.launch.multinode import cluster_problems
+
+    return cluster_problems(config)
 
 
 # ---- run ------------------------------------------------------------------------------------------
@@ -540,7 +612,7 @@ def prepare(config: DictConfig) -> DictConfig:
 
         build_tiny_model(tiny.out_dir, seed=int(tiny.seed), shape=tiny.get("shape", "default"))
         warm = tiny.get("warm_start")
-        if warm:  # a few supervised steps on ground-truth episodes (seal/cpu/warm_start.py), cached
+        if warm and warm.get("out_dir"):  # supervised steps on ground-truth episodes (seal/cpu/warm_start.py), cached
             from seal.cpu.warm_start import warm_start
 
             bfcl = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
@@ -614,24 +686,6 @@ def train(config: DictConfig) -> None:
             ray.shutdown()
 
 
-def _print_memory_estimate(config: DictConfig) -> None:
-    if config.trainer.device != "cuda":
-        return
-    from seal.launch.memory_estimate import estimate
-
-    found = estimate(config)
-    if found is None:
-        print(
-            f"[seal] memory per GPU: not estimated ({config.actor_rollout_ref.model.path!r} has no local "
-            "config.json and is not in seal/launch/memory_estimate.py's known-size table)"
-        )
-        return
-    for line in found.lines():
-        print(f"[seal] {line}")
-    for warning in found.warnings():
-        print(f"[seal] warning: {warning}")
-
-
 def exit_on_termination(run):
     """SIGTERM and SIGHUP (a scheduler's cancel, a closed terminal) leave ``run`` through its ``finally`` blocks, as
     Ctrl-C does: the service is stopped and the run's secret file removed (Python's default ends at once). A SIGKILL
@@ -660,21 +714,19 @@ def exit_on_termination(run):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", required=True, help="recipe YAML, e.g. exp/SEAL.yaml")
-    parser.add_argument("--dry-run", action="store_true", help="compose, check and print the config; do not train")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run every check and print every problem found, then what the run would do and its memory and disk "
+        "estimate; do not train (exit 2 when a problem was found)",
+    )
+    parser.add_argument("--full-config", action="store_true", help="with --dry-run: also print the composed config")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_epochs=1")
     args = parser.parse_args(argv)
     try:
-        config = compose_recipe(args.conf, args.overrides)
-        check_values(config)  # before prepare() builds anything from the values
-        check_inputs(config)
-        config = prepare(config)
-        for warning in preflight(config):
-            print(f"[seal] warning: {warning}")
-        _check_nodes(config)
         if args.dry_run:
-            print(OmegaConf.to_yaml(config, resolve=True))
-            _print_memory_estimate(config)
-            return 0
+            return dry_run(args.conf, args.overrides, full_config=args.full_config)
+        config = checked_config(args.conf, args.overrides)
         with environment_service(config) as url:
             OmegaConf.set_struct(config, False)
             config.env_service.url = url
@@ -687,5 +739,63 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (HydraException, OmegaConfBaseException) as exc:  # a bad override or key: say which, not a traceback
         print(f"[seal] error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def checked_config(conf: str, overrides: list[str]) -> DictConfig:
+    """The recipe composed and checked, class by class, refused at the first class with a problem: keys (before
+    anything is composed), values (before anything is built from them), inputs (model, data, disk: before torch is
+    imported), then ``prepare`` and the checks against this node and the cluster. Nothing has started yet."""
+    found = Findings()
+    found.add("keys", check_keys(conf, overrides))
+    found.raise_if_any()
+    config = compose_recipe(conf, overrides)
+    check_values(config)  # before prepare() builds anything from the values
+    warnings = check_inputs(config)
+    config = prepare(config)
+    found = Findings()
+    _run_checks(found, NODE_CHECKS, config)
+    found.raise_if_any()
+    for warning in warnings + found.warnings:
+        print(f"[seal] warning: {warning}")
+    _check_nodes(config)
+    return config
+
+
+def dry_run(conf: str, overrides: list[str], full_config: bool = False) -> int:
+    """Every check of every class, all problems printed together (stderr), then what the run would do and its memory
+    and disk estimate, whatever was found (stdout); 2 when a problem was found. An override that names an unknown
+    key is reported and left out, so that the recipe still composes and the other checks run."""
+    from seal.config.checks import value_problems
+    from seal.config.keys import bad_overrides
+    from seal.launch.summary import summary
+
+    found = Findings()
+    found.add("keys", check_keys(conf, overrides))
+    refused = set(bad_overrides(overrides))
+    config = compose_recipe(conf, [o for o in overrides if o not in refused])
+    found.add("values", value_problems(config))
+    values_ok = not found.problems or all(kind == "keys" for kind, _ in found.problems)
+    _run_checks(found, INPUT_CHECKS, config)
+    shown = config.copy()  # the recipe's own paths, before prepare() makes them absolute
+    if values_ok:  # what prepare() builds from them, and the checks that need it
+        config = prepare(config)
+        _run_checks(found, NODE_CHECKS, config)
+        found.run("cluster", _check_cluster, config)
+    else:
+        found.skipped.append("devices, lengths, batching, checkpoints, cluster (they need the values fixed first)")
+    for kind, text in found.problems:
+        print(f"[seal] error: [{kind}] {text}", file=sys.stderr)
+    for warning in found.warnings:
+        print(f"[seal] warning: {warning}", file=sys.stderr)
+    for skipped in found.skipped:
+        print(f"[seal] not checked: {skipped}", file=sys.stderr)
+    for line in summary(conf, shown, problems=bool(found.problems)):
+        print(f"[seal] {line}")
+    if full_config:
+        print(OmegaConf.to_yaml(config, resolve=not found.problems))
+    if found.problems:
+        print(f"[seal] {len(found.problems)} problem(s): the run would be refused", file=sys.stderr)
         return 2
     return 0

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,9 @@ from seal.units import GIB, disk_size, gib
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 #: Bytes per parameter of FSDP state: parameters and gradients in the model dtype, Adam's two fp32 moments.
 ADAM_STATE_BYTES = 8
+#: Bytes per parameter of the best checkpoint's Hugging Face export: ``verl.model_merger`` (``seal.validation
+#: .export_hf``) casts every tensor to bf16 whatever the actor's ``model_dtype``.
+EXPORT_BYTES_PER_PARAMETER = 2
 #: vLLM memory besides weights and KV cache: the CUDA context and the activation peak of its profiling run
 #: (chunked prefill of ``max_num_batched_tokens``). A rough, deliberately generous figure.
 VLLM_RUNTIME_RESERVE_GIB = 2.0
@@ -505,7 +510,9 @@ def checkpoint_disk(config) -> CheckpointDisk | None:
     """The peak disk use of the recipe's checkpoints; None when the model's size is unknown (see ``estimate``).
 
     Per parameter, a checkpoint holds the actor's weights in its ``model_dtype`` (``model``), Adam's two fp32
-    moments (``optimizer``) and a Hugging Face copy (``hf_model``); ``extra`` (scheduler, RNG) is negligible.
+    moments (``optimizer``) and a Hugging Face copy (``hf_model``: verl's checkpoint manager saves the gathered
+    weights as they are, in ``model_dtype``); ``extra`` (scheduler, RNG) is negligible. The best checkpoint's export
+    is bf16 (:data:`EXPORT_BYTES_PER_PARAMETER`).
     """
     aro = config.actor_rollout_ref
     found = model_shape(str(aro.model.path))
@@ -523,7 +530,7 @@ def checkpoint_disk(config) -> CheckpointDisk | None:
         parameters=params,
         checkpoint_bytes=params * per_parameter,
         at_once=checkpoints_at_once(config),
-        export_bytes=params * weight_bytes if exported else 0,
+        export_bytes=params * EXPORT_BYTES_PER_PARAMETER if exported else 0,
     )
 
 
@@ -541,16 +548,54 @@ def checkpoints_at_once(config) -> int:
         return 3 if periodic else 2
     if trainer.get("max_actor_ckpt_to_keep"):
         return int(trainer.max_actor_ckpt_to_keep)
-    steps = _training_steps(config)
+    steps = training_steps(config)
     saves = math.ceil(steps / int(trainer.save_freq)) if periodic else 0
     if best.save_best and int(trainer.test_freq or 0) > 0:
         saves += math.ceil(steps / int(trainer.test_freq))
     return max(saves, 1)
 
 
-def _training_steps(config) -> int:
+def training_steps(config, root: str | Path = ".") -> int:
+    """The run's steps: ``trainer.total_training_steps``, else epochs x the full batches of the train file(s)
+    (verl drops the last, partial one); relative data paths under ``root``."""
     steps = config.trainer.get("total_training_steps")
     if steps:
         return int(steps)
-    per_epoch = data_rows(config.data.train_files) // int(config.data.train_batch_size)
+    per_epoch = data_rows(config.data.train_files, root) // int(config.data.train_batch_size)
     return max(per_epoch, 1) * int(config.trainer.total_epochs)
+
+
+@dataclass(frozen=True)
+class CheckpointRoom:
+    """The disk a recipe's checkpoints take at their peak (:func:`checkpoint_disk`) and the room for
+    them at ``trainer.default_local_dir``: its free space, and what is already there (a resumed run's checkpoints
+    are among those it keeps)."""
+
+    disk: CheckpointDisk
+    root: Path
+    present_bytes: int
+    free_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.disk.total_bytes - self.present_bytes <= self.free_bytes
+
+
+def checkpoint_room(config) -> CheckpointRoom | None:
+    """None for a model of unknown size (not estimated) or a recipe that writes no checkpoint."""
+    disk = checkpoint_disk(config)
+    if disk is None or not disk.total_bytes:
+        return None
+    root = Path(str(config.trainer.default_local_dir)).absolute()
+    existing = root
+    while not existing.exists():
+        existing = existing.parent
+    present = sum(  # not through links: the `best` link is a checkpoint counted once
+        os.lstat(os.path.join(folder, name)).st_size for folder, _, names in os.walk(root) for name in names
+    )
+    return CheckpointRoom(disk, root, present, free_bytes(existing))
+
+
+def free_bytes(path: Path) -> int:
+    """Free space of the file system holding ``path``."""
+    return shutil.disk_usage(path).free

@@ -22,12 +22,14 @@ of the row's model: its best checkpoint for a trained row), ``runs/<row>__last``
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from seal.eval import stub_endpoint
 
@@ -57,7 +59,6 @@ OOD_BFCL = ("memory_kv", "memory_vector", "memory_rec_sum", "web_search_base", "
 OOD_TAU2 = ("tau2_retail", "tau2_airline", "tau2_telecom")
 #: The out-of-distribution categories that run offline (no web search key, no sentence-transformers model).
 OOD_OFFLINE = ("memory_kv", "memory_rec_sum")
-SERVE_PORT = 8000
 #: vLLM's tool-call parser for tau2's function calling: Qwen2.5 writes Hermes-style <tool_call> blocks, ToolACE-2
 #: Python-style call lists.
 TOOL_CALL_PARSERS = {"exp/toolace2_8b.yaml": "pythonic"}
@@ -87,7 +88,7 @@ class Training:
 
 @dataclass
 class Step:
-    """One command of the plan. ``argv`` starts with ``python``; ``kind``: train | eval | serve | ood | tables."""
+    """One command of the plan. ``argv`` starts with ``python``; ``kind``: train | eval | ood | tables."""
 
     kind: str
     row: str
@@ -106,9 +107,7 @@ class Step:
 def recipe_switches(recipe: str, base: str = BASE_RECIPE) -> tuple[str, ...]:
     """What ``recipe`` changes in ``base``, as overrides (its experiment name aside): Vanilla RL's switches, to
     apply on a backbone recipe, taken from exp/vanilla_rl.yaml itself so they have one home."""
-    from seal.launch import compose_recipe
-
-    ours, theirs = leaves(compose_recipe(str(REPO / recipe))), leaves(compose_recipe(str(REPO / base)))
+    ours, theirs = leaves(composed(recipe)), leaves(composed(base))
     changed = {k: v for k, v in ours.items() if theirs.get(k, object()) != v and k != "trainer.experiment_name"}
     return tuple(f"{k}={_override_value(v)}" for k, v in sorted(changed.items()))
 
@@ -235,15 +234,16 @@ def eval_argv(row: str, recipe: str, model: str, out: str, switches: tuple[str, 
     return argv + ["--", *switches] if switches else argv
 
 
-def ood_argvs(row: str, endpoint: str, model: str, out: str, recipe: str, bfcl: tuple[str, ...]) -> list[list[str]]:
+def ood_argv(row: str, model: str, out: str, recipe: str) -> list[str]:
+    """One row's out-of-distribution evaluation: its checkpoint (or hub model) served with vLLM for the command's
+    length (``seal.eval endpoint --serve``: started, watched and stopped there), BFCL V4's categories and tau2-bench."""
     dest = f"{layout(out)['runs']}/{row}__ood"
-    common = ["python", "-m", "seal.eval", "endpoint", "--endpoint", endpoint, "--model", model, "--out", dest]
+    argv = ["python", "-m", "seal.eval", "endpoint", "--serve", model, "--model", row, "--out", dest]
+    argv += ["--tool-call-parser", TOOL_CALL_PARSERS.get(recipe, "hermes")]
     if recipe == BACKBONES["toolace2-8b"][0]:
-        common += ["--tool-prompt-mode", "toolace_llama"]
-    return [
-        [*common, "--categories", ",".join(bfcl)],
-        [*common, "--user-endpoint", "USER_ENDPOINT", "--user-model", "USER_MODEL", "--categories", ",".join(OOD_TAU2)],
-    ]
+        argv += ["--tool-prompt-mode", "toolace_llama"]
+    argv += ["--user-endpoint", "USER_ENDPOINT", "--user-model", "USER_MODEL"]
+    return argv + ["--categories", ",".join(OOD_BFCL + OOD_TAU2)]
 
 
 def plan(out: str = "experiments/paper") -> list[Step]:
@@ -267,16 +267,51 @@ def plan(out: str = "experiments/paper") -> list[Step]:
         backbone, _, training = row.partition("__")
         recipe, hub = BACKBONES[backbone]
         model = hub if training == "base" else f"{layout(out)['checkpoints']}/{row}/best/huggingface"
-        serve = ["vllm", "serve", model, "--served-model-name", row, "--port", str(SERVE_PORT)]
-        serve += ["--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSERS.get(recipe, "hermes")]
-        serve += ["--max-model-len", "32768"]
         ood = f"OOD: {fills(row).removeprefix('Table 1: ')}"
-        steps.append(Step("serve", row, serve, ood, recipe))
-        endpoint = f"http://127.0.0.1:{SERVE_PORT}/v1"
-        steps += [Step("ood", row, argv, ood, recipe) for argv in ood_argvs(row, endpoint, row, out, recipe, OOD_BFCL)]
+        steps.append(Step("ood", row, ood_argv(row, model, out, recipe), ood, recipe))
     tables = ["python", "scripts/make_tables.py", layout(out)["runs"], "--out", os.path.join(out, "tables")]
     steps.append(Step("tables", "", tables, "Table 1, Table 3 (the ablation), the OOD table, accuracy_over_steps.png"))
     return steps
+
+
+# ---- disk ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowDisk:
+    """A training row's checkpoints on disk (``memory_estimate.checkpoint_disk`` of its command's config, with the
+    ``trainer.save_freq`` the plan sets): at the run's peak, and what it keeps for its evaluations once it ends (its
+    best and its last checkpoint, and the best's Hugging Face export)."""
+
+    row: str
+    disk: Any  # memory_estimate.CheckpointDisk
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.disk.total_bytes
+
+    @property
+    def kept_bytes(self) -> int:
+        return 2 * self.disk.checkpoint_bytes + self.disk.export_bytes
+
+
+def plan_disk(out: str = "experiments/paper") -> list[RowDisk]:
+    """Every training row's checkpoint disk, in the plan's order."""
+    from seal.launch.memory_estimate import checkpoint_disk
+
+    found = []
+    for run in trainings():
+        config = copy.deepcopy(composed(run.recipe, run.switches))
+        save = next(a for a in train_argv(run, out) if a.startswith("trainer.save_freq="))
+        config.trainer.save_freq = int(save.partition("=")[2])  # as the plan's command sets it
+        found.append(RowDisk(run.row, checkpoint_disk(config)))
+    return found
+
+
+def whole_disk(rows: list[RowDisk]) -> int:
+    """The reproduction's checkpoint disk at its peak: the rows trained one after another, each keeping its best and
+    last checkpoint for its evaluations, and the row in training at its own peak (one more checkpoint)."""
+    return sum(r.kept_bytes for r in rows) + max(r.peak_bytes - r.kept_bytes for r in rows)
 
 
 # ---- GPU-hours -------------------------------------------------------------------------------------------------
@@ -350,15 +385,14 @@ class Cost:
     assumptions: Assumptions
     decode: Decode
     flops_per_parameter: int
+    step_s: float  # wall-clock seconds of one training step (rollout, update, sync, environment); 0 for eval
+    wall_s: float  # wall-clock seconds of the whole run: start-up, steps, validations, saves
 
 
 def training_steps(config) -> int:
-    from seal.launch.memory_estimate import data_rows
+    from seal.launch.memory_estimate import training_steps as steps_of
 
-    if config.trainer.total_training_steps:
-        return int(config.trainer.total_training_steps)
-    rows = data_rows(config.data.train_files, REPO)
-    return int(config.trainer.total_epochs) * (rows // int(config.data.train_batch_size))  # verl drops the last
+    return steps_of(config, REPO)
 
 
 def validations(config, steps: int) -> int:
@@ -378,7 +412,7 @@ def decode_rate(found, sequences: int, context: int, max_num_seqs: int, gpu: Gpu
 def cost(config, kind: str, gpu: GpuType = GPU_TYPES[0], assume: Assumptions = ASSUMPTIONS[0]) -> Cost | None:
     """The estimate for a ``train`` or ``eval`` step's composed config on ``gpu`` under ``assume``; None when the
     model's size is unknown. Wall-clock time of the run times its GPUs."""
-    from seal.launch.memory_estimate import ADAM_STATE_BYTES, DTYPE_BYTES, GIB, data_rows, estimate
+    from seal.launch.memory_estimate import GIB, checkpoint_disk, data_rows, estimate
 
     found = estimate(config, gpu_bytes=gpu.memory_gib * GIB)
     if found is None:
@@ -410,17 +444,44 @@ def cost(config, kind: str, gpu: GpuType = GPU_TYPES[0], assume: Assumptions = A
         step_s = step_rollout_s + train_s + assume.sync_s + assume.environment_s
         checks = validations(config, steps)
         saves = 2 if assume.saves == "last" else checks + 1
-        dtype = str(aro.actor.fsdp_config.get("model_dtype") or "fp32")
-        save_bytes = parameters * (DTYPE_BYTES[dtype] + ADAM_STATE_BYTES)  # what verl writes: weights and Adam
-        export_bytes = parameters * DTYPE_BYTES[str(aro.rollout.dtype)]  # the best checkpoint's Hugging Face export
+        disk = checkpoint_disk(config)  # what a save writes, and the best checkpoint's Hugging Face export
         wall = assume.startup_s + steps * step_s + checks * val_s
-        wall += (saves * save_bytes + export_bytes) / assume.save_bytes_per_s
+        wall += (saves * disk.checkpoint_bytes + disk.export_bytes) / assume.save_bytes_per_s
         train_episodes, val_episodes = steps * episodes, checks * val_rows
     else:
-        steps, train_episodes, val_episodes = 0, 0, val_rows
+        steps, train_episodes, val_episodes, step_s = 0, 0, val_rows, 0.0
         _, rate = rollout_s(val_rows)
         wall = assume.startup_s + val_s
-    return Cost(steps, train_episodes, val_episodes, wall * gpus / 3600, gpus, gpu, assume, rate, flops)
+    return Cost(steps, train_episodes, val_episodes, wall * gpus / 3600, gpus, gpu, assume, rate, flops, step_s, wall)
+
+
+#: The GPU counts the wall-clock table is made for (one node).
+WALL_CLOCK_GPUS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class WallClock:
+    """A recipe on ``gpus`` GPUs of one type: the low and high ends of its step and run time, and whether the memory
+    estimate fits that GPU (rollout and training peak)."""
+
+    recipe: str
+    gpus: int
+    gpu: GpuType
+    low: Cost
+    high: Cost
+    fits: bool
+
+
+def wall_clock(recipe: str, gpus: int, gpu: GpuType) -> WallClock:
+    """``recipe`` trained on one node of ``gpus`` GPUs (``trainer.n_gpus_per_node``), by :func:`cost`."""
+    from seal.launch.memory_estimate import GIB, estimate
+
+    config = copy.deepcopy(composed(recipe))
+    config.trainer.n_gpus_per_node = gpus
+    low, high = (cost(config, "train", gpu, assume) for assume in ASSUMPTIONS)
+    found = estimate(config, gpu_bytes=gpu.memory_gib * GIB)
+    fits = found.rollout_total_bytes <= found.gpu_bytes and found.training.total_bytes <= found.gpu_bytes
+    return WallClock(recipe, gpus, gpu, low, high, fits)
 
 
 # ---- the rehearsal ---------------------------------------------------------------------------------
@@ -470,8 +531,8 @@ def heldout_ids() -> list[str]:
     return [row["task_id"] for row in rows.to_pylist()]
 
 
-def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, tau2: bool = True) -> Step | None:
-    """``step`` on CPU: the plan's command with only the swaps added (None: nothing to run here)."""
+def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, tau2: bool = True) -> Step:
+    """``step`` on CPU: the plan's command with only the swaps added."""
     argv = list(step.argv)
     if step.kind == "train":
         argv += [SWAP, *backbone_overrides(step.recipe)]
@@ -484,19 +545,15 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
         argv = argv[: argv.index("--")] if "--" in argv else argv
         argv += ["--ids", ",".join(heldout_ids()), "--no-progress", "--", SWAP, *overrides]
         argv += [o for o in backbone_overrides(step.recipe) if not o.startswith("actor_rollout_ref.model.path=")]
-    elif step.kind == "serve":
-        return None  # the stub endpoint stands in for vLLM serving the checkpoint
     elif step.kind == "ood":
-        tau2_step = "--user-endpoint" in argv
-        if tau2_step and not tau2:
-            return None
-        argv[argv.index("--endpoint") + 1] = stub_url
+        at = argv.index("--serve")
+        argv[at : at + 2] = ["--endpoint", stub_url]  # the stub endpoint stands in for vLLM serving the checkpoint
+        at = argv.index("--tool-call-parser")
+        del argv[at : at + 2]
         argv[argv.index("--model") + 1] = stub_endpoint.AGENT_MODEL
-        if tau2_step:
-            argv[argv.index("--user-endpoint") + 1] = stub_url
-            argv[argv.index("--user-model") + 1] = stub_endpoint.USER_MODEL
-        else:
-            argv[argv.index("--categories") + 1] = ",".join(OOD_OFFLINE)
+        argv[argv.index("--user-endpoint") + 1] = stub_url
+        argv[argv.index("--user-model") + 1] = stub_endpoint.USER_MODEL
+        argv[argv.index("--categories") + 1] = ",".join(OOD_OFFLINE + (OOD_TAU2 if tau2 else ()))
         argv += ["--limit", "1", "--no-progress"]
     elif step.kind == "tables":
         argv += ["--val-file", swap_values()["data.val_files"]]
@@ -504,13 +561,23 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
 
 
 #: What a rehearsal may change on a command line besides the swap's Hydra keys, by kind of command: a base model
-#: becomes the untrained tiny model and the 400 held-out tasks the swap's (eval); the stub endpoint serves, and
-#: plays tau2's user, on the categories that run offline, one task each (ood); the tables read the swap's
-#: validation file (tables).
+#: becomes the untrained tiny model and the 400 held-out tasks the swap's (eval); the stub endpoint, already up,
+#: stands in for the served checkpoint (no --serve, no vLLM tool-call parser) and plays tau2's user, on the
+#: categories that run offline, one task each (ood); the tables read the swap's validation file (tables).
 COMMAND_SWAPS = {
     "train": (),
     "eval": ("--model", "--ids", "--no-progress"),
-    "ood": ("--endpoint", "--model", "--user-endpoint", "--user-model", "--categories", "--limit", "--no-progress"),
+    "ood": (
+        "--serve",
+        "--tool-call-parser",
+        "--endpoint",
+        "--model",
+        "--user-endpoint",
+        "--user-model",
+        "--categories",
+        "--limit",
+        "--no-progress",
+    ),
     "tables": ("--val-file",),
 }
 
@@ -529,9 +596,7 @@ def rehearsal(out: str, stub_url: str, rows: list[str] | None = None, training_s
             continue
         if step.kind == "ood" and step.row not in REHEARSAL_OOD_ROWS:
             continue
-        swapped = rehearse_step(step, stub_url, training_steps, tau2)
-        if swapped is not None:
-            chosen.append(swapped)
+        chosen.append(rehearse_step(step, stub_url, training_steps, tau2))
     return chosen
 
 
