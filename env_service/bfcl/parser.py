@@ -16,6 +16,13 @@ produce, and only there to bound work on hostile input arriving through the HTTP
 * :data:`MAX_CALLS_PER_MESSAGE` — more calls than this in one message is an error.
 * :data:`MAX_ARGUMENT_DEPTH` — deeper argument nesting is an error (keeps later ``repr``/``deepcopy`` of
   the arguments in the executor and verifier far from Python's recursion limit).
+* a name, argument name or string value that is not valid Unicode (a lone surrogate: only an escape such as
+  ``"\\ud800"`` makes one, since the message itself is valid text) is an error: the call would be kept, run and
+  replayed with text that no snapshot, verdict or tokenizer can take.
+
+:func:`call_problem` holds these last two limits for every prompt mode and parser: both parsers apply it to the calls
+they read, and the episode applies it again to arguments it decodes itself (the lenient parser passes string
+arguments on as given), so no call is kept or run beyond them whichever mode read it.
 * names longer than :data:`MAX_NAME_CHARS_SHOWN` are shortened inside error messages.
 
 The ``<tool_call>`` matcher is a linear-time equivalent of the released parser's regular expression
@@ -116,6 +123,39 @@ def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
     return False
 
 
+def _first_invalid_text(name: Any, arguments: Any) -> str | None:
+    """The first lone surrogate (as its escape) in ``name``, or in the argument names and string values, else None
+    (iterative; call after the depth check)."""
+    stack = [name, arguments]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                return ascii(item[error.start])
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
+
+
+def call_problem(name: Any, arguments: Any) -> str | None:
+    """Why a call breaks a limit that holds whichever prompt mode read it (arguments nested deeper than
+    :data:`MAX_ARGUMENT_DEPTH`, or text that is not valid Unicode); None when it keeps them."""
+    if _too_deep(arguments):
+        return _too_deep_error(name)
+    surrogate = _first_invalid_text(name, arguments)
+    if surrogate is not None:
+        return (
+            f"Tool '{shown_name(name)}' call has text that is not valid Unicode (a lone surrogate {surrogate}); "
+            f"write characters, not surrogate escapes."
+        )
+    return None
+
+
 def _too_long_error(n: int) -> str:
     return f"Assistant message too long ({n} characters > {MAX_TEXT_CHARS}); it was not parsed."
 
@@ -214,8 +254,9 @@ def _read_block(json_text: str, strict: bool) -> tuple[ToolCall | None, str | No
                 return None, f"Tool '{shown_name(name)}' has non-JSON string arguments."
         if not isinstance(arguments, dict):
             return None, f"Tool '{shown_name(name)}' arguments must be a JSON object."
-    if _too_deep(arguments):
-        return None, _too_deep_error(name)
+    problem = call_problem(name, arguments)
+    if problem:
+        return None, problem
     return ToolCall(name=name, arguments=arguments), None
 
 
@@ -267,8 +308,13 @@ def _parse_tool_calls(text: str, strict: bool) -> ParsedMessage:
 # literals (tuples become lists). In strict mode, ``<tool_call>`` tags or a ``[name(`` buried in prose
 # are errors (the analogue of the "Found tool_call tag text" rule).
 
-_CALL_START = re.compile(r"[A-Za-z_][\w.]*\(")
-_EMBEDDED_CALL_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+# A function name as a call attempt shows it: letters, digits, "_" and "." (Unicode letters too: Python's parser reads
+# ``ｃｄ`` as ``cd``, as bfcl's decoder does), and invisible format characters (zero-width, bidi controls), which make
+# the name unreadable to Python but must not make a call attempt look like prose that ends the turn.
+_INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
+_NAME = rf"(?:[^\W\d]|[{_INVISIBLE}])(?:[\w.]|[{_INVISIBLE}])*"
+_CALL_START = re.compile(rf"{_NAME}\(")
+_EMBEDDED_CALL_LIST = re.compile(rf"\[\s*{_NAME}\s*\(")
 _FENCE = re.compile(r"^```[\w-]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
 
 ERR_PY_EMBEDDED = (
@@ -300,14 +346,19 @@ class _NotJsonLike(Exception):
     pass
 
 
-def _json_like(value: Any, depth: int = 1) -> Any:
-    """``value`` with tuples turned into lists; raises _NotJsonLike for bytes, sets, complex, Ellipsis,
-    non-string dict keys, or nesting deeper than :data:`MAX_ARGUMENT_DEPTH` (the executor accepts
-    JSON values only, so the Python call syntax gets the same value space as the JSON one)."""
+class _TooDeep(_NotJsonLike):
+    pass
+
+
+def _json_like(value: Any, depth: int) -> Any:
+    """``value`` (at level ``depth`` of the arguments, which are level 1) with tuples turned into lists; raises
+    _NotJsonLike for bytes, sets, complex, Ellipsis, non-string dict keys, _TooDeep for nesting deeper than
+    :data:`MAX_ARGUMENT_DEPTH` (the executor accepts JSON values only, so the Python call syntax gets the same value
+    space, and the same depth limit, as the JSON one)."""
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if depth > MAX_ARGUMENT_DEPTH:
-        raise _NotJsonLike
+        raise _TooDeep
     if isinstance(value, (list, tuple)):
         return [_json_like(item, depth + 1) for item in value]
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
@@ -330,12 +381,17 @@ def _read_python_call(node: ast.AST) -> tuple[ToolCall | None, str | None]:
         if keyword.arg in arguments:  # Python rejects this at compile time, ast.parse does not
             return None, f"Tool '{shown_name(name)}' repeats argument '{keyword.arg}'."
         try:
-            value = _json_like(ast.literal_eval(keyword.value))
+            value = _json_like(ast.literal_eval(keyword.value), depth=2)
+        except _TooDeep:
+            return None, _too_deep_error(name)
         except _NotJsonLike:
             return None, (f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a JSON-like literal value.")
         except Exception:  # ValueError for names/expressions; RecursionError, MemoryError
             return None, f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a literal value."
         arguments[keyword.arg] = value
+    problem = call_problem(name, arguments)
+    if problem:
+        return None, problem
     return ToolCall(name=name, arguments=arguments), None
 
 
@@ -423,6 +479,7 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "TOOL_CALL_PATTERN",
     "ParsedMessage",
+    "call_problem",
     "find_tool_call_blocks",
     "parse_assistant",
     "parse_python_calls",
