@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -79,6 +81,68 @@ def test_a_lone_surrogate_tool_name_reaches_the_agent_loop_as_valid_text(loop_co
     assert len(fields["seal_env_errors"]) == 1 and "Tool '\\ud800'" in fields["seal_env_errors"][0]
     context = tokenizer.decode(output.response_ids)
     assert "Tool '\\ud800' call has text that is not valid Unicode" in context  # the context the model goes on from
+
+
+def _reply(content="x", **changes) -> dict:
+    return {
+        "message": {"role": "user", "content": content},
+        "terminated": False,
+        "info": {"error_type": None},
+        **changes,
+    }
+
+
+@pytest.mark.parametrize(
+    "reply, reason",
+    [
+        (_reply("x \ud800"), "lone surrogate '\\ud800' at index 2"),
+        (_reply(None), "reply message 0 has no text content"),
+        (_reply(info={}), "no info.error_type"),
+        (_reply(terminated="no"), "not the service's shape"),
+        (_reply(extra_messages=[{"role": "user"}]), "reply message 1 has no text content"),
+        (["not", "a", "reply"], "not the service's shape"),
+    ],
+)
+def test_usable_reply_names_what_the_loop_cannot_use(reply, reason):
+    from seal.agent_loop import UnusableEnvReply, usable_reply
+
+    with pytest.raises(UnusableEnvReply, match=re.escape(reason)):
+        usable_reply(reply)
+    assert usable_reply(_reply(extra_messages=[{"role": "ipython", "content": "y"}]))[1]["content"] == "y"
+
+
+@pytest.mark.parametrize("answer", [_reply("x \ud800"), KeyError("surprise")], ids=["unusable reply", "a bug"])
+def test_a_reply_the_agent_loop_cannot_use_fails_only_its_episode(loop_config, tokenizer, answer):
+    """Point 3: whatever the service answers (or a bug raises) while the loop handles a reply, ``run`` returns the
+    episode as a counted failure with its reason, at once (no retry: the same reply would come back), and releases it.
+    The service is real; only its step answer is replaced (the boundary under test)."""
+    creates, releases = [], []
+
+    def prepare(loop):
+        env = loop.env
+
+        def create(*args, **kwargs):
+            creates.append(args)
+            return env.create(*args, **kwargs)
+
+        def step(instance_id, content):
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        def release(instance_id):
+            releases.append(instance_id)
+            return env.release(instance_id)
+
+        loop.env = SimpleNamespace(create=create, step=step, release=release)
+        loop.episode_retries = 2
+
+    output = FUZZ.run_loop(loop_config, tokenizer, ["Done."], SHORT_TASK, "train", prepare=prepare)
+    fields = output.extra_fields
+    reason = "UnusableEnvReply: reply message 0 is not valid Unicode" if isinstance(answer, dict) else "KeyError"
+    assert fields["seal_failed"] is True and fields["seal_error"].startswith(reason), fields["seal_error"]
+    assert len(creates) == 1 and len(releases) == 1
+    assert sum(output.response_mask) == 0 and output.reward_score == 0.0
 
 
 # ---- (2) a lone surrogate in an OOD memory value ------------------------------------------------------------------
