@@ -106,51 +106,56 @@ def shown_name(name: Any) -> str:
     return text
 
 
-def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
-    """True if containers nest deeper than ``limit`` (iterative: safe on any depth)."""
-    stack = [(value, 1)]
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of ``text`` as its escape, or None (``isascii`` is O(1): most text costs nothing)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return ascii(text[error.start])
+    return None
+
+
+_TOO_DEEP = "too deep"
+
+
+def _broken_limit(name: Any, arguments: Any) -> str | None:
+    """:data:`_TOO_DEEP` when containers nest deeper than :data:`MAX_ARGUMENT_DEPTH` (the arguments are level 1), else
+    the first lone surrogate (as its escape) in the name, argument names or string values, else None. One iterative
+    walk over the containers (safe at any depth; scalars are looked at where they sit, never stacked)."""
+    surrogate = _lone_surrogate(name) if isinstance(name, str) else None
+    if isinstance(arguments, str):  # the lenient parser's string arguments, before the episode decodes them
+        return surrogate or _lone_surrogate(arguments)
+    stack = [(arguments, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):
             children = item.values()
+            keys = item.keys()
         elif isinstance(item, (list, tuple)):
-            children = item
+            children, keys = item, ()
         else:
             continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def _first_invalid_text(name: Any, arguments: Any) -> str | None:
-    """The first lone surrogate (as its escape) in ``name``, or in the argument names and string values, else None
-    (iterative; call after the depth check)."""
-    stack = [name, arguments]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as error:
-                return ascii(item[error.start])
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return None
+        if depth > MAX_ARGUMENT_DEPTH:
+            return _TOO_DEEP
+        for child in (*keys, *children) if surrogate is None else children:
+            if isinstance(child, (dict, list, tuple)):
+                stack.append((child, depth + 1))
+            elif surrogate is None and isinstance(child, str):
+                surrogate = _lone_surrogate(child)
+    return surrogate
 
 
 def call_problem(name: Any, arguments: Any) -> str | None:
     """Why a call breaks a limit that holds whichever prompt mode read it (arguments nested deeper than
     :data:`MAX_ARGUMENT_DEPTH`, or text that is not valid Unicode); None when it keeps them."""
-    if _too_deep(arguments):
+    broken = _broken_limit(name, arguments)
+    if broken == _TOO_DEEP:
         return _too_deep_error(name)
-    surrogate = _first_invalid_text(name, arguments)
-    if surrogate is not None:
+    if broken is not None:
         return (
-            f"Tool '{shown_name(name)}' call has text that is not valid Unicode (a lone surrogate {surrogate}); "
+            f"Tool '{shown_name(name)}' call has text that is not valid Unicode (a lone surrogate {broken}); "
             f"write characters, not surrogate escapes."
         )
     return None
