@@ -84,9 +84,18 @@ _HOSTILE_CHARS = st.sampled_from(
     ["\ud800", "\udfff", "\ud83d", "\x00", "\x1b", "\u202e", "\u200d", "\ufeff", "\u0441", "\uff43", "\u0301", "\n"]
 )
 _TEXT = st.text(st.one_of(_ANY_CHAR, _HOSTILE_CHARS), max_size=12)
-#: Names a red team would try: lone surrogates, look-alikes (Cyrillic, fullwidth, combining), bidi and zero-width.
-_HOSTILE_NAMES = ["\ud800", "ls\udfff", "\udc00cd", "t\u043euch", "\uff54\uff4f\uff55\uff43\uff48", "to\u0301uch"]
-_HOSTILE_NAMES += ["touch\u202e", "to\u200duch", "\ufeffls", "ls\x00", "", " ", "<|im_end|>", "ls()", "__class__"]
+#: Names a red team would try: lone surrogates (which a reply echoes), look-alikes (Cyrillic, fullwidth, combining),
+#: bidi and zero-width characters, and more.
+_SURROGATE_NAMES = ["\ud800", "ls\udfff", "\udc00cd"]
+_HOSTILE_NAMES = [
+    "t\u043euch",
+    "\uff54\uff4f\uff55\uff43\uff48",
+    "to\u0301uch",
+    "touch\u202e",
+    "to\u200duch",
+    "\ufeffls",
+]
+_HOSTILE_NAMES += ["ls\x00", "", " ", "<|im_end|>", "ls()", "__class__"]
 _NUMBERS = st.one_of(
     st.integers(),
     st.integers(min_value=-(10**4000), max_value=10**4000),
@@ -105,7 +114,8 @@ def _names(tools: list[str]):
     return st.one_of(
         st.sampled_from(tools),
         st.sampled_from(tools),
-        st.sampled_from(_HOSTILE_NAMES),
+        st.sampled_from(_SURROGATE_NAMES),
+        st.sampled_from(_SURROGATE_NAMES),
         st.sampled_from(_HOSTILE_NAMES),
         _TEXT,
         st.builds(lambda a, b: a + b, st.sampled_from(tools), _TEXT),
@@ -128,7 +138,7 @@ def _json(value: Any, ascii_only: bool) -> str:
 def json_call(draw, tools: list[str], keys: list[str]) -> str:
     """A ``<tool_call>`` block: random name and arguments, arguments as an object or a JSON string (lenient parser's
     path), a deep nesting or a huge number spliced in, text kept raw or escaped."""
-    ascii_only = draw(st.booleans())
+    ascii_only = draw(st.sampled_from([True, True, False]))  # raw text with a lone surrogate is refused whole (422)
     name, arguments = draw(_names(tools)), draw(_arguments(keys))
     body = _json({"name": name, "arguments": arguments}, ascii_only)
     splice = draw(st.sampled_from(["none", "deep", "deep_string", "huge", "string_arguments"]))
@@ -185,8 +195,8 @@ def messages(task: str, prompt_mode: str):
     _, tools, keys = TASKS[task]
     own, other = (json_call, python_call) if prompt_mode == "bfcl_qwen_fc" else (python_call, json_call)
     part = st.one_of(
-        own(tools, keys), own(tools, keys), broken(own(tools, keys)), other(tools, keys), broken(other(tools, keys)),
-        _PLAIN,
+        own(tools, keys), own(tools, keys), own(tools, keys), own(tools, keys), broken(own(tools, keys)),
+        other(tools, keys), broken(other(tools, keys)), _PLAIN,
     )  # fmt: skip
     return st.one_of(part, st.lists(part, min_size=2, max_size=3).map("\n".join))
 
