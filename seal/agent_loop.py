@@ -19,8 +19,10 @@ At the end the service's verdict is the reward and the trajectory carries its di
 tags, paper labels, number of model calls, termination reason) into the batch as ``seal_*`` extra fields.
 An episode whose service calls keep failing is retried ``seal.rollout.episode_retries`` times, then returned
 with an empty loss mask and ``seal_failed=True``; an episode that cannot start (a first prompt over
-``rollout.prompt_length``) is returned the same way at once. The trainer counts failed episodes and keeps them out
-of the GRPO statistics. Every trajectory — completed, length-cut, zero-call or failed — has the same extra-field
+``rollout.prompt_length``), gets a reply the loop cannot put into its context (``UnusableEnvReply``) or fails in any
+other way is returned the same way at once, its reason in ``seal_error``: nothing one sampled message causes ends the
+training step. The trainer counts failed episodes and keeps them out of the GRPO statistics.
+Every trajectory — completed, length-cut, zero-call or failed — has the same extra-field
 keys and, when the rollout returns log-probs, log-probs: verl joins the agent-loop workers' chunks only if they
 agree.
 """
@@ -56,6 +58,11 @@ class EpisodeFailed(RuntimeError):
 
 class PromptTooLong(EpisodeFailed):
     """The first prompt does not fit ``rollout.prompt_length``: retrying cannot help."""
+
+
+class UnusableEnvReply(RuntimeError):
+    """A step reply the loop cannot put into the context (not the service's reply shape, or text that is not valid
+    Unicode, which the tokenizer refuses); the service never sends one, so the episode fails without a retry."""
 
 
 def env_client(env_cfg):
@@ -140,6 +147,9 @@ class BfclAgentLoop(AgentLoopBase):
                     "episode %s attempt %d/%d failed: %s", task_id, attempt + 1, self.episode_retries + 1, exc
                 )
                 await asyncio.sleep(min(2.0**attempt, 8.0) * 0.25)
+            except Exception as exc:  # noqa: BLE001 - an unusable reply, or a bug: this episode fails, not the step
+                logger.exception("episode %s failed in the agent loop", task_id)
+                return self._failed_output(task_id, extra, f"{type(exc).__name__}: {exc}", metrics, want_logprobs)
         return self._failed_output(task_id, extra, str(last_error), metrics, want_logprobs)
 
     # ---- one episode -------------------------------------------------------------------------------
@@ -182,12 +192,12 @@ class BfclAgentLoop(AgentLoopBase):
             text = await self._generate(traj, sampling_params, metrics)
             with _timer(metrics, "tool_calls"):
                 step = await self._env_call(self.env.step, instance_id, text)
+            reply = usable_reply(step)  # ipython mode: one message per tool result
             if self.results_path:  # only `python -m seal.eval` keeps the replies (for its per-task record)
                 traj.steps.append((text, step))
             if step["terminated"]:
                 traj.termination = "completed"
                 return
-            reply = [step["message"], *step.get("extra_messages", [])]  # ipython mode: one per tool result
             if step["info"]["error_type"] is not None:  # the service says why the reply is an error
                 traj.env_errors.append("\n".join(m["content"] for m in reply)[:ERROR_TEXT_CHARS])
             await self._append_env_messages(traj, reply)
@@ -322,6 +332,29 @@ class BfclAgentLoop(AgentLoopBase):
                 error=error,
             ),
         )
+
+
+def usable_reply(step: Any) -> list[dict]:
+    """The messages of a step reply (``message``, then ``extra_messages``), checked for what the loop relies on: the
+    service's reply shape and valid text in every message (``UnusableEnvReply`` naming the problem otherwise)."""
+    if not isinstance(step, dict) or not isinstance(step.get("terminated"), bool):
+        raise UnusableEnvReply(f"the step reply is not the service's shape: {str(step)[:200]!r}")
+    if not isinstance(step.get("info"), dict) or "error_type" not in step["info"]:
+        raise UnusableEnvReply("the step reply has no info.error_type")
+    extra = step.get("extra_messages", [])
+    messages = [step.get("message"), *(extra if isinstance(extra, list) else [None])]
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str):
+            raise UnusableEnvReply(f"reply message {index} has no text content: {str(message)[:200]!r}")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise UnusableEnvReply(
+                f"reply message {index} is not valid Unicode (a lone surrogate {ascii(content[error.start])} at "
+                f"index {error.start}); the tokenizer cannot take it"
+            ) from None
+    return messages
 
 
 def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None, calls: int, termination: str) -> dict:

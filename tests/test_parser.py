@@ -209,9 +209,31 @@ def test_never_raises(text):
         parse_python_calls(text, strict=strict)
 
 
-def test_lone_surrogates_pass_through():
-    parsed = parse_tool_calls(block('{"name": "echo", "arguments": {"content": "\\ud800"}}'))
-    assert parsed.calls == [ToolCall("echo", {"content": "\ud800"})]
+@pytest.mark.parametrize(
+    "parse, text",
+    [
+        (parse_tool_calls, block('{"name": "echo", "arguments": {"content": "\\ud800"}}')),
+        (parse_tool_calls, block('{"name": "echo", "arguments": {"x\\udfff": "a"}}')),
+        (parse_tool_calls, block('{"name": "\\ud83d", "arguments": {}}')),
+        (parse_tool_calls, block('{"name": "echo", "arguments": {"content": ["ok", {"a": "\\ud800"}]}}')),
+        (parse_python_calls, "[echo(content='\\ud800')]"),
+        (parse_python_calls, "[echo(content=['ok', {'a': '\\udfff'}])]"),
+    ],
+)
+def test_lone_surrogates_are_refused_in_every_format(parse, text):
+    """An escape can turn valid message text into a lone surrogate; no call carrying one is read (it would be kept, run,
+    snapshotted and echoed as text nothing downstream can encode)."""
+    assert "\\ud" in text and text.encode("utf-8")  # the message itself is valid text
+    parsed = parse(text)
+    assert parsed.calls == []
+    assert len(parsed.errors) == 1 and "lone surrogate" in parsed.errors[0], parsed.errors
+    assert parse(text, strict=False).calls == []
+
+
+def test_surrogate_pair_escapes_are_one_valid_character():
+    parsed = parse_tool_calls(block('{"name": "echo", "arguments": {"content": "\\ud83d\\ude00"}}'))
+    assert parsed.errors == [] and parsed.calls == [ToolCall("echo", {"content": "\U0001f600"})]
+    assert parse_python_calls("[echo(content='\\ud83d\\ude00')]").errors  # in Python source: two lone surrogates
 
 
 def test_deeply_nested_json_is_a_clean_error():

@@ -54,7 +54,7 @@ from env_service.bfcl.executor import (
     state_size,
     time_limit,
 )
-from env_service.bfcl.parser import ParsedMessage, parse_assistant, shown_name
+from env_service.bfcl.parser import ParsedMessage, call_problem, parse_assistant, shown_name
 from env_service.bfcl.tasks import Task
 from env_service.bfcl.verifier import TurnRecord, evaluate_episode, over_budget_text
 from env_service.vocabulary import (
@@ -398,7 +398,8 @@ class Episode:
         message.
 
         Returns (calls with decoded arguments, None, None) or ([], reason, error_type). String arguments
-        only reach here from the lenient parser; they are JSON-decoded as the released environment does.
+        only reach here from the lenient parser; they are JSON-decoded as the released environment does, and then
+        held to the limits the parsers hold every call to (``call_problem``: depth, valid text).
         """
         names = set(self.tool_names) if self.config.enforce_available_tools else None
         checked = []
@@ -419,6 +420,9 @@ class Episode:
                     return [], reason, STEP_PARSE_ERROR
             if not isinstance(arguments, dict):
                 return [], f"Tool '{shown_name(name)}' arguments must be a JSON object.", STEP_PARSE_ERROR
+            problem = call_problem(name, arguments)  # the parsers' limits, on arguments decoded only here too
+            if problem:
+                return [], problem, STEP_PARSE_ERROR
             checked.append(ToolCall(name=name, arguments=arguments))
         return checked, None, None
 

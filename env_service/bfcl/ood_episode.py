@@ -13,8 +13,10 @@ What differs:
   with the snapshot the previous prerequisite of its scenario left (``memory_snapshot``), the backend loads it
   through bfcl's own ``_load_scenario`` from a private scratch folder, and a prerequisite's evaluation hands back
   the snapshot its backend flushes at the end (bfcl's ``_flush_memory_to_local_file``). The first prerequisite
-  of a chain starts empty whatever it is given, as in bfcl. Snapshots are capped at
-  :data:`~env_service.bfcl.ood_tasks.MAX_SNAPSHOT_BYTES`;
+  of a chain starts empty whatever it is given, as in bfcl. Snapshots are checked both ways (``check_snapshot``:
+  the backend's shape, valid text, at most :data:`~env_service.bfcl.ood_tasks.MAX_SNAPSHOT_BYTES`): a create with
+  one that fails is refused (400/413), an evaluation whose flush fails hands back none and says why
+  (``error_type`` ``memory_snapshot_too_large`` / ``memory_snapshot_invalid``);
 * the verdict of a question is bfcl's ``agentic_checker`` on the last message that ran no tool call (bfcl checks
   the last step its decoder finds no call in: a plain answer, or a message it cannot decode); a prerequisite is not
   scored (``valid`` None). There are no progress tags or paper labels.
@@ -110,6 +112,10 @@ def _nesting_exceeds(value: Any, depth: int) -> bool:
     return False
 
 
+class SnapshotTooLarge(ValueError):
+    """A memory snapshot over :data:`~env_service.bfcl.ood_tasks.MAX_SNAPSHOT_BYTES`."""
+
+
 def check_snapshot(snapshot: Any, backend: str | None = None) -> dict | None:
     """A memory snapshot as an episode takes it: None, ``{}`` (no memory) or what ``backend``'s flush writes
     (``SNAPSHOT_SHAPES``; any backend's nesting when None), within the size cap; ValueError with one line else."""
@@ -119,9 +125,13 @@ def check_snapshot(snapshot: Any, backend: str | None = None) -> dict | None:
         raise ValueError(f"memory_snapshot must be a JSON object, got {type(snapshot).__name__}")
     if _nesting_exceeds(snapshot, MAX_SNAPSHOT_DEPTH):
         raise ValueError(f"memory_snapshot nests more than {MAX_SNAPSHOT_DEPTH} objects deep; no backend's does")
-    size = snapshot_bytes(snapshot)
+    try:
+        size = snapshot_bytes(snapshot)
+    except UnicodeEncodeError as error:  # a lone surrogate: no backend can write it to its file, no reply carry it
+        bad = ascii(error.object[error.start])
+        raise ValueError(f"memory_snapshot has text that is not valid Unicode (a lone surrogate {bad})") from None
     if size > MAX_SNAPSHOT_BYTES:
-        raise ValueError(f"memory_snapshot has {size} bytes; the limit is {MAX_SNAPSHOT_BYTES}")
+        raise SnapshotTooLarge(f"memory_snapshot has {size} bytes; the limit is {MAX_SNAPSHOT_BYTES}")
     if backend is not None and snapshot:
         shape = SNAPSHOT_SHAPES[backend]
         if set(snapshot) != set(shape):
@@ -243,13 +253,14 @@ class OodEpisode(Episode):
         }
         if task.kind == KIND_PREREQ:
             snapshot = self.memory_snapshot()
-            size = snapshot_bytes(snapshot)
-            if size > MAX_SNAPSHOT_BYTES:
+            try:  # what the next episode of the scenario takes (never a 500 for one it would refuse)
+                check_snapshot(snapshot, task.backend)
+            except ValueError as error:
+                kind = "too_large" if isinstance(error, SnapshotTooLarge) else "invalid"
                 return {**result, "valid": None, "reward": 0.0, "progress": 0.0, "memory_snapshot": None,
-                        "error_type": "memory_snapshot_too_large",
-                        "error_message": f"{size} bytes; the limit is {MAX_SNAPSHOT_BYTES}"}  # fmt: skip
+                        "error_type": f"memory_snapshot_{kind}", "error_message": str(error)}  # fmt: skip
             return {**result, "valid": None, "reward": 0.0, "progress": 0.0, "error_type": None,
-                    "memory_snapshot": snapshot, "memory_snapshot_bytes": size}  # fmt: skip
+                    "memory_snapshot": snapshot, "memory_snapshot_bytes": snapshot_bytes(snapshot)}  # fmt: skip
         answer = self.answer
         if answer is None:
             valid, error_type = False, NO_ANSWER_ERROR
@@ -300,6 +311,7 @@ def new_episode(
 __all__ = [
     "NO_ANSWER_ERROR",
     "OodEpisode",
+    "SnapshotTooLarge",
     "check_snapshot",
     "evaluate_only_message",
     "load_any_task",

@@ -16,6 +16,13 @@ produce, and only there to bound work on hostile input arriving through the HTTP
 * :data:`MAX_CALLS_PER_MESSAGE` — more calls than this in one message is an error.
 * :data:`MAX_ARGUMENT_DEPTH` — deeper argument nesting is an error (keeps later ``repr``/``deepcopy`` of
   the arguments in the executor and verifier far from Python's recursion limit).
+* a name, argument name or string value that is not valid Unicode (a lone surrogate: only an escape such as
+  ``"\\ud800"`` makes one, since the message itself is valid text) is an error: the call would be kept, run and
+  replayed with text that no snapshot, verdict or tokenizer can take.
+
+:func:`call_problem` holds these last two limits for every prompt mode and parser: both parsers apply it to the calls
+they read, and the episode applies it again to arguments it decodes itself (the lenient parser passes string
+arguments on as given), so no call is kept or run beyond them whichever mode read it.
 * names longer than :data:`MAX_NAME_CHARS_SHOWN` are shortened inside error messages.
 
 The ``<tool_call>`` matcher is a linear-time equivalent of the released parser's regular expression
@@ -99,21 +106,59 @@ def shown_name(name: Any) -> str:
     return text
 
 
-def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
-    """True if containers nest deeper than ``limit`` (iterative: safe on any depth)."""
-    stack = [(value, 1)]
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of ``text`` as its escape, or None (``isascii`` is O(1): most text costs nothing)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return ascii(text[error.start])
+    return None
+
+
+_TOO_DEEP = "too deep"
+
+
+def _broken_limit(name: Any, arguments: Any) -> str | None:
+    """:data:`_TOO_DEEP` when containers nest deeper than :data:`MAX_ARGUMENT_DEPTH` (the arguments are level 1), else
+    the first lone surrogate (as its escape) in the name, argument names or string values, else None. One iterative
+    walk over the containers (safe at any depth; scalars are looked at where they sit, never stacked)."""
+    surrogate = _lone_surrogate(name) if isinstance(name, str) else None
+    if isinstance(arguments, str):  # the lenient parser's string arguments, before the episode decodes them
+        return surrogate or _lone_surrogate(arguments)
+    stack = [(arguments, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):
             children = item.values()
+            keys = item.keys()
         elif isinstance(item, (list, tuple)):
-            children = item
+            children, keys = item, ()
         else:
             continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+        if depth > MAX_ARGUMENT_DEPTH:
+            return _TOO_DEEP
+        for child in (*keys, *children) if surrogate is None else children:
+            if isinstance(child, (dict, list, tuple)):
+                stack.append((child, depth + 1))
+            elif surrogate is None and isinstance(child, str):
+                surrogate = _lone_surrogate(child)
+    return surrogate
+
+
+def call_problem(name: Any, arguments: Any) -> str | None:
+    """Why a call breaks a limit that holds whichever prompt mode read it (arguments nested deeper than
+    :data:`MAX_ARGUMENT_DEPTH`, or text that is not valid Unicode); None when it keeps them."""
+    broken = _broken_limit(name, arguments)
+    if broken == _TOO_DEEP:
+        return _too_deep_error(name)
+    if broken is not None:
+        return (
+            f"Tool '{shown_name(name)}' call has text that is not valid Unicode (a lone surrogate {broken}); "
+            f"write characters, not surrogate escapes."
+        )
+    return None
 
 
 def _too_long_error(n: int) -> str:
@@ -214,8 +259,9 @@ def _read_block(json_text: str, strict: bool) -> tuple[ToolCall | None, str | No
                 return None, f"Tool '{shown_name(name)}' has non-JSON string arguments."
         if not isinstance(arguments, dict):
             return None, f"Tool '{shown_name(name)}' arguments must be a JSON object."
-    if _too_deep(arguments):
-        return None, _too_deep_error(name)
+    problem = call_problem(name, arguments)
+    if problem:
+        return None, problem
     return ToolCall(name=name, arguments=arguments), None
 
 
@@ -267,8 +313,13 @@ def _parse_tool_calls(text: str, strict: bool) -> ParsedMessage:
 # literals (tuples become lists). In strict mode, ``<tool_call>`` tags or a ``[name(`` buried in prose
 # are errors (the analogue of the "Found tool_call tag text" rule).
 
-_CALL_START = re.compile(r"[A-Za-z_][\w.]*\(")
-_EMBEDDED_CALL_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+# A function name as a call attempt shows it: letters, digits, "_" and "." (Unicode letters too: Python's parser reads
+# ``ｃｄ`` as ``cd``, as bfcl's decoder does), and invisible format characters (zero-width, bidi controls), which make
+# the name unreadable to Python but must not make a call attempt look like prose that ends the turn.
+_INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
+_NAME = rf"(?:[^\W\d]|[{_INVISIBLE}])(?:[\w.]|[{_INVISIBLE}])*"
+_CALL_START = re.compile(rf"{_NAME}\(")
+_EMBEDDED_CALL_LIST = re.compile(rf"\[\s*{_NAME}\s*\(")
 _FENCE = re.compile(r"^```[\w-]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
 
 ERR_PY_EMBEDDED = (
@@ -300,14 +351,19 @@ class _NotJsonLike(Exception):
     pass
 
 
-def _json_like(value: Any, depth: int = 1) -> Any:
-    """``value`` with tuples turned into lists; raises _NotJsonLike for bytes, sets, complex, Ellipsis,
-    non-string dict keys, or nesting deeper than :data:`MAX_ARGUMENT_DEPTH` (the executor accepts
-    JSON values only, so the Python call syntax gets the same value space as the JSON one)."""
+class _TooDeep(_NotJsonLike):
+    pass
+
+
+def _json_like(value: Any, depth: int) -> Any:
+    """``value`` (at level ``depth`` of the arguments, which are level 1) with tuples turned into lists; raises
+    _NotJsonLike for bytes, sets, complex, Ellipsis, non-string dict keys, _TooDeep for nesting deeper than
+    :data:`MAX_ARGUMENT_DEPTH` (the executor accepts JSON values only, so the Python call syntax gets the same value
+    space, and the same depth limit, as the JSON one)."""
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if depth > MAX_ARGUMENT_DEPTH:
-        raise _NotJsonLike
+        raise _TooDeep
     if isinstance(value, (list, tuple)):
         return [_json_like(item, depth + 1) for item in value]
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
@@ -330,12 +386,17 @@ def _read_python_call(node: ast.AST) -> tuple[ToolCall | None, str | None]:
         if keyword.arg in arguments:  # Python rejects this at compile time, ast.parse does not
             return None, f"Tool '{shown_name(name)}' repeats argument '{keyword.arg}'."
         try:
-            value = _json_like(ast.literal_eval(keyword.value))
+            value = _json_like(ast.literal_eval(keyword.value), depth=2)
+        except _TooDeep:
+            return None, _too_deep_error(name)
         except _NotJsonLike:
             return None, (f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a JSON-like literal value.")
         except Exception:  # ValueError for names/expressions; RecursionError, MemoryError
             return None, f"Tool '{shown_name(name)}' argument '{keyword.arg}' is not a literal value."
         arguments[keyword.arg] = value
+    problem = call_problem(name, arguments)
+    if problem:
+        return None, problem
     return ToolCall(name=name, arguments=arguments), None
 
 
@@ -423,6 +484,7 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "TOOL_CALL_PATTERN",
     "ParsedMessage",
+    "call_problem",
     "find_tool_call_blocks",
     "parse_assistant",
     "parse_python_calls",
