@@ -142,15 +142,19 @@ def cmd_serve(args) -> int:
 
 def _exit_with_owner(parent_pid: int, secret_file: str | None) -> None:
     """A service started for one process's run: it ends with that process, and takes the run's secret file along
-    (the owner cannot remove it when it was SIGKILLed)."""
-    from env_service.workers.parent_watch import exit_with_parent
+    (the owner cannot remove it when it was SIGKILLed). Refused at once when that process cannot be watched (it is not
+    there): a service that cannot tell when its run ends must not start as if it could."""
+    from env_service.workers.parent_watch import CannotWatch, exit_with_parent
 
     def remove_secret() -> None:
         if secret_file:
             with contextlib.suppress(OSError):
                 os.unlink(secret_file)
 
-    exit_with_parent(parent_pid, on_exit=remove_secret)
+    try:
+        exit_with_parent(parent_pid, on_exit=remove_secret)
+    except CannotWatch as error:
+        raise CliError(f"--parent-pid {parent_pid}: {error}") from None
 
 
 def cmd_prompt(args) -> int:
@@ -352,8 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--parent-pid",
         type=int,
-        help="the process this service was started for (the launcher passes its own): when it is gone, the service "
-        "and its workers exit and --secret-file is removed",
+        help="the process this service was started for (the launcher passes its own): when that process is gone (it "
+        "is watched itself, by a pidfd or its start time, whatever wraps this service), the service and its workers "
+        "exit and --secret-file is removed; refused at start when there is no such process",
     )
     # HTTP limits: unset flags keep env_service.http.limits.HttpLimits' defaults
     serve.add_argument("--max-header-bytes", type=int, help="request line + headers, bytes (431 beyond; 64 KiB)")
