@@ -250,6 +250,7 @@ class EpisodeManager:
             "client_errors": 0,
             "episode_failures": 0,
             "episodes_lost": 0,
+            "abandoned": 0,  # episodes created for a client gone before the answer, released at once
         }
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -443,6 +444,8 @@ class EpisodeManager:
             else:
                 episode = new_episode(task, mode, config, profile, self.limits, memory_snapshot)
             messages = episode.initial_messages()
+        except ManagerError:  # its client went while it waited for a worker (ClientGone)
+            raise
         except (WorkerLost, WorkerBusy) as error:  # retrying the create is safe
             raise CapacityExceeded(f"cannot start an episode for {task.id} now ({error}); retry") from None
         except ValueError as error:  # a config combination the episode refuses
@@ -747,6 +750,11 @@ class EpisodeManager:
         if kept is None or kept[0] != fingerprint:
             return None
         return copy.deepcopy(kept[1])
+
+    def unmake(self, created: dict, owner: str | None = None) -> None:
+        """Release the episode a create made for a client that left before its answer (no one knows its id)."""
+        if self.release(created.get("instance_id"), owner):
+            self._count("abandoned")
 
     def release(self, instance_id: Any, owner: str | None = None) -> bool:
         """Forget an episode; False when it was not live (already released or reclaimed)."""

@@ -48,6 +48,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from env_service import abandon as abandoned
+from env_service.abandon import Abandon
 from env_service.episodes.manager import EpisodeManager, check_instance_id
 from env_service.errors import ManagerError
 from env_service.http.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
@@ -299,6 +301,7 @@ def create_app(
     app.state.limiter = None
     app.state.http_limits = limits
     app.state.in_flight = collections.Counter()  # client -> requests in flight
+    app.state.background = set()  # work of requests whose client is gone, until it is done
     app.state.run_ids = RunIdsPerPeer(limits.max_run_ids_per_peer, manager.idle_timeout_s)
     app.state.service_id = service_id
     app.add_middleware(BodyLimitMiddleware, limit=limits.max_body_bytes)
@@ -318,19 +321,80 @@ async def _reclaim_loop(manager: EpisodeManager, limiter) -> None:
             log.exception("idle reclaim failed")
 
 
-async def _run(request: Request, fn, *args):
-    """Run manager work in the worker pool; map errors to clean JSON responses."""
-    manager: EpisodeManager = request.app.state.manager
+async def _run(request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller):
+    """Run the endpoint's manager work in a thread; map errors to clean JSON responses.
+
+    A request whose client disconnects is answered at once (into the void), so that what it holds here (its place among
+    its client's requests in flight) is freed when the client goes: its work is dropped before it starts or while it
+    waits for a worker, else finishes in the background and what it made for no one is undone (``Endpoint.undo``: an
+    episode created for a client that left is released at once). Before, it kept its slot until the work was done,
+    and the episode lived until the idle reclaim."""
+    abandon = Abandon()
+    work = asyncio.ensure_future(_in_thread(request, endpoint, manager, body, caller, abandon))
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        result = await anyio.to_thread.run_sync(fn, *args, limiter=request.app.state.limiter)
-    except ManagerError as error:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not (gone.done() and not gone.cancelled()):
+        return _response(manager, request, work.result())
+    abandon.abandon()
+    background = request.app.state.background
+    background.add(work)  # held until done: the loop keeps only weak references to tasks
+    work.add_done_callback(background.discard)
+    # Its thread undoes what it made if it sees the client gone when it finishes; one that finished just before (or as)
+    # the client left is undone here (an undo is idempotent: a second release of an episode finds it gone).
+    work.add_done_callback(lambda _: _undo_in_background(request, endpoint, manager, work, caller))
+    return _error(499, "client_gone", "the client disconnected before its answer")
+
+
+async def _in_thread(
+    request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller, abandon
+):
+    """``(result, None)`` or ``(None, error)`` of the endpoint's work, run in a thread for the request ``abandon``
+    follows (the pool's waits see it)."""
+
+    def call():
+        with abandoned.working_for(abandon):
+            if endpoint.abandonable:
+                abandoned.check()
+            result = endpoint(manager, body, caller)
+        if abandon.gone:  # its client left while it ran
+            endpoint.abandoned(manager, result, caller)
+        return result
+
+    try:
+        return await anyio.to_thread.run_sync(call, limiter=request.app.state.limiter), None
+    except Exception as error:  # noqa: BLE001 - answered by _response
+        return None, error
+
+
+def _undo_in_background(request: Request, endpoint: Endpoint, manager: EpisodeManager, work, caller: Caller) -> None:
+    result, error = work.result()
+    if error is None and endpoint.undo is not None:
+        task = asyncio.ensure_future(
+            anyio.to_thread.run_sync(endpoint.abandoned, manager, result, caller, limiter=request.app.state.limiter)
+        )
+        request.app.state.background.add(task)
+        task.add_done_callback(request.app.state.background.discard)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the request's client has disconnected (the body has been read: nothing else arrives)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _response(manager: EpisodeManager, request: Request, outcome: tuple):
+    result, error = outcome
+    if error is None:
+        return SafeJSONResponse(result)
+    if isinstance(error, ManagerError):
         if error.status < 500:
             manager.note_client_error()
         return _error(error.status, error.code, error.message)
-    except Exception:  # noqa: BLE001 - logged here; the client sees no internals
-        log.exception("unexpected error in %s", request.url.path)
-        return _error(500, "internal_error", "internal server error; see the service log")
-    return SafeJSONResponse(result)
+    log.error("unexpected error in %s", request.url.path, exc_info=error)  # the client sees no internals
+    return _error(500, "internal_error", "internal server error; see the service log")
 
 
 def _route(manager: EpisodeManager, endpoint: Endpoint):

@@ -58,6 +58,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from env_service import abandon as abandoned
 from env_service.bfcl import tasks
 from env_service.bfcl.config import ServiceLimits
 from env_service.bfcl.ood_episode import load_any_task, new_episode
@@ -471,10 +472,16 @@ class WorkerPool:
         tried once more (see ``_exchange``)."""
         handle = target if isinstance(target, RemoteEpisode) else None
         retried = False
+        # A request whose client is gone stops waiting for the worker, and is not sent once it gets it; a close
+        # always goes on (the manager has let go of the episode already: only the close frees it here).
+        abandon = abandoned.current() if op != "close" else None
         while True:
-            if not worker.gate.acquire(owner, timeout=QUEUE_TIMEOUT_S):
+            if not worker.gate.acquire(owner, timeout=QUEUE_TIMEOUT_S, abandon=abandon):
+                abandoned.check()
                 raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
             try:
+                if abandon is not None:
+                    abandoned.check()
                 held_since = time.monotonic()
                 self._replace_if_exited(worker)
                 if worker.generation != (handle._generation if handle is not None else target):

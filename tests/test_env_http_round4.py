@@ -1,0 +1,61 @@
+"""Round 4 of the real service on 127.0.0.1 (a real uvicorn server, real worker processes where the hole is theirs):
+requests whose client is gone, answers that are never read, and header abuse before authentication."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+from test_env_budgets import aliasing_messages
+from test_env_budgets import call as _call
+
+from env_service.bfcl.config import ServiceLimits
+from env_service.client import EnvClient
+from env_service.episodes.manager import EpisodeManager
+from env_service.http.limits import HttpLimits
+from env_service.http.service import ServerThread
+
+FS_TASK = "multi_turn_base_0"  # GorillaFileSystem: directory aliasing makes find run to its budget
+
+
+def _raw_post(path: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+# ---------------------------------------------------------------------------------------------
+# Hole 3: abandoned requests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_create_whose_client_disconnects_frees_its_slot_and_leaves_no_episode():
+    """The create waits for the one worker (busy with a message that runs to its budget); its client disconnects.
+    Before: it kept its place among the client's requests in flight until it had run (the client's next request got
+    429), and the episode it made lived, for no one, until the idle reclaim."""
+    limits = ServiceLimits(message_budget_s=1.0, call_budget_s=1.0)
+    with ServerThread(EpisodeManager(workers=1, limits=limits), limits=HttpLimits(max_requests_per_owner=2)) as server:
+        client = EnvClient(server.url, retries=0, timeout_s=60)
+        busy = client.create(FS_TASK, "validate")["instance_id"]
+        for message in aliasing_messages():  # after these, each find runs to its budget
+            client.step(busy, message)
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(client.step, busy, _call("find", path="."))  # 1 of the 2 requests in flight
+            time.sleep(0.2)
+            with socket.create_connection((server.host, server.port)) as sock:  # 2 of 2
+                sock.sendall(_raw_post("/create", {"task_id": FS_TASK, "mode": "validate"}))
+                time.sleep(0.2)  # it waits for the worker
+            time.sleep(0.1)
+            assert requests.get(server.url + "/profile", timeout=10).status_code == 200  # its slot is free
+            assert slow.result()["info"]["error_type"] == "budget_exceeded"  # the worker was busy all along
+        deadline = time.monotonic() + 5
+        while (health := requests.get(server.url + "/health", timeout=10).json())["live"] != 1:
+            assert time.monotonic() < deadline, health
+            time.sleep(0.1)
+        assert health["created"] == 1, health  # dropped before it started: no episode was made for no one
+        client.release(busy)
+        client.close()
