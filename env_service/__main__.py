@@ -110,6 +110,8 @@ def cmd_serve(args) -> int:
             "max_run_ids_per_peer",
             "max_pipelined_requests",
             "max_body_bytes_in_flight",
+            "write_timeout_s",
+            "max_answer_bytes_in_flight",
         )
         if getattr(args, name) is not None
     }
@@ -389,6 +391,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="declared request bodies and held-back pipelined bytes of all connections together; waiting ones are "
         "shed to make room, else 503 before the body is read (64 MiB)",
+    )
+    serve.add_argument(
+        "--write-timeout-s",
+        type=float,
+        help="an answer must be taken by its client within this long of being written, else the connection is "
+        "dropped (reset) (30 s)",
+    )
+    serve.add_argument(
+        "--max-answer-bytes-in-flight",
+        type=int,
+        help="answer bytes held for clients that have not taken them, all connections together; beyond, the "
+        "connections holding theirs the longest are dropped (64 MiB)",
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -4,6 +4,7 @@ requests whose client is gone, answers that are never read, and header abuse bef
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,3 +60,59 @@ def test_a_create_whose_client_disconnects_frees_its_slot_and_leaves_no_episode(
         assert health["created"] == 1, health  # dropped before it started: no episode was made for no one
         client.release(busy)
         client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Hole 2: answers that are never read
+# ---------------------------------------------------------------------------------------------
+
+PROFILE = {"notes": "x" * (900 * 1024)}  # GET /profile answers it: a cheap request with a ~900 KB answer
+
+
+def _never_reading(server) -> socket.socket:
+    """A connection whose client asks for the big answer and never reads it (a small receive buffer: what is not
+    taken stays with the service)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((server.host, server.port))
+    sock.sendall(b"GET /profile HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock
+
+
+def _reset_by_server(sock: socket.socket, within_s: float) -> bool:
+    poll = select.poll()
+    poll.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return bool(poll.poll(int(within_s * 1000)))
+
+
+def test_an_answer_never_read_is_dropped_with_its_connection_after_the_write_timeout():
+    """Before: the connection and its answer stayed (a kept-alive connection whose write buffer never drains is never
+    closed), and a second request on it waited for good, holding its place among the client's requests in flight."""
+    with ServerThread(EpisodeManager(), limits=HttpLimits(write_timeout_s=1.0)) as server:
+        requests.post(server.url + "/profile", json={"profile": PROFILE}, timeout=30).raise_for_status()
+        with _never_reading(server) as sock:
+            sock.sendall(b"GET /profile HTTP/1.1\r\nHost: x\r\n\r\n")  # and one more behind it
+            started = time.monotonic()
+            assert _reset_by_server(sock, within_s=10), "the connection is still open"
+            assert time.monotonic() - started < 4
+        assert requests.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+
+
+def test_answers_held_for_clients_that_never_read_share_one_budget():
+    budget = 4 * 2**20
+    limits = HttpLimits(max_answer_bytes_in_flight=budget, write_timeout_s=60.0)
+    with ServerThread(EpisodeManager(), limits=limits) as server:
+        requests.post(server.url + "/profile", json={"profile": PROFILE}, timeout=30).raise_for_status()
+        socks = []
+        for _ in range(24):  # ~21 MiB of answers, were they all kept
+            socks.append(_never_reading(server))
+            time.sleep(0.05)  # answered in order: the longest holding are the first ones
+        time.sleep(1.0)
+        dropped = [k for k, sock in enumerate(socks) if _reset_by_server(sock, within_s=0.01)]
+        kept = budget // len(json.dumps({"profile": PROFILE})) + 1
+        assert len(dropped) >= len(socks) - kept, dropped  # before: none
+        assert set(range(len(socks) - kept + 1, len(socks))).isdisjoint(dropped)  # the newest ones are kept
+        with EnvClient(server.url, retries=0, timeout_s=10) as innocent:  # who reads its answers is served
+            assert innocent.get_profile()["profile"] == PROFILE
+        for sock in socks:
+            sock.close()
