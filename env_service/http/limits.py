@@ -21,6 +21,8 @@ import termios
 import time
 from dataclasses import dataclass
 
+from env_service.http.auth import AUTH_HEADER, RUN_ID_HEADER
+
 #: Largest request body read at all. The assistant content limit (manager.MAX_CONTENT_BYTES, 256 KiB)
 #: applies after decoding; JSON escapes can inflate text up to 6x, hence the margin.
 MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -131,6 +133,22 @@ def _raw_error(status: int, code: str, detail: str) -> bytes:
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode() + body
+
+
+#: Headers a request may carry once: each decides who sends it, for which run, or where its body ends. With two,
+#: each reader may take another (the first, the last, both joined), which is how requests are smuggled past a check
+#: (llhttp itself refuses a second Content-Length, and Transfer-Encoding beside one).
+SINGLE_HEADERS = (b"host", b"content-length", b"transfer-encoding", b"content-type", AUTH_HEADER.encode(),
+                  RUN_ID_HEADER.encode())  # fmt: skip
+
+
+def _duplicated(headers) -> tuple[int, str, str] | None:
+    """The refusal of a request that carries one of ``SINGLE_HEADERS`` twice, or None."""
+    names = [name for name, _ in headers]
+    twice = next((name for name in SINGLE_HEADERS if names.count(name) > 1), None)
+    if twice is None:
+        return None
+    return 400, "duplicate_header", f"the request carries the {twice.decode()} header more than once; send it once"
 
 
 IDLE, ARRIVING, BUSY = "idle", "arriving", "busy"
@@ -539,7 +557,7 @@ def guarded_protocol(limits: HttpLimits):
         # A refused request never reaches the app: its remaining parser events are dropped.
         def on_headers_complete(self) -> None:
             if self._refusal is None:
-                self._refusal = self._admit_body()
+                self._refusal = _duplicated(self.headers) or self._admit_body()
             if self._refusal is None:
                 self._in_headers, self._header_bytes = False, 0
                 super().on_headers_complete()
