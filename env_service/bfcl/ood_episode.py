@@ -24,6 +24,7 @@ Train mode is refused: these tasks are never trained on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -46,6 +47,7 @@ from env_service.bfcl.ood_tasks import (
     unavailable_reason,
 )
 from env_service.bfcl.scratch import scratch_root
+from env_service.sizes import measured_bytes
 from env_service.vocabulary import MODE_TRAIN, MODE_VALIDATE, STEP_PARSE_ERROR
 
 #: bfcl's error type when no message without a tool call exists (``_evaluate_single_agentic_entry``).
@@ -170,6 +172,18 @@ class OodEpisode(Episode):
     def _active(self, block) -> bool:
         return False  # the original interface: no train-only feature ever applies
 
+    def _held(self) -> list:
+        return [*super()._held(), self._snapshot_in]  # the memory it started from, as Python objects
+
+    def _disk_bytes(self) -> int:
+        """The files in its scratch folder (the memory it was given, bfcl's flushes), measured as they are now."""
+        total = 0
+        for folder, _, names in os.walk(self._scratch):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(folder, name)).st_size
+        return total
+
     def _open_session(self) -> BackendSession:
         task: OodTask = self.task
         if task.backend == "MemoryAPI_vector":
@@ -225,8 +239,10 @@ class OodEpisode(Episode):
         instance = self._session.instances[task.backend]
         instance._flush_memory_to_local_file()
         with open(instance.latest_snapshot_file, encoding="utf-8") as f:
-            self._snapshot_out = json.load(f)
-        return self._snapshot_out
+            snapshot = json.load(f)
+        self._held_bytes += measured_bytes(snapshot) - measured_bytes(self._snapshot_out)  # the one it hands back
+        self._snapshot_out = snapshot
+        return snapshot
 
     def evaluate(self, reward_cfg: RewardConfig | None = None) -> dict:
         task: OodTask = self.task

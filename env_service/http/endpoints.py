@@ -116,7 +116,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("step", "POST", "step", StepRequest, StepResponse, caller=("owner",)),
     Endpoint("evaluate", "POST", "evaluate", EvaluateRequest, caller=("owner", "client")),
     Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released", caller=("owner",), abandonable=False),
-    Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id",)),
+    Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id", "client")),
     Endpoint("profile", "GET", "get_profile", caller=("run_id",)),
 )
 

@@ -63,6 +63,7 @@ from env_service.bfcl import tasks
 from env_service.bfcl.config import ServiceLimits
 from env_service.bfcl.ood_episode import load_any_task, new_episode
 from env_service.bfcl.scratch import SCRATCH_ENV, make_scratch_root
+from env_service.sizes import measured_bytes
 from env_service.workers.fair_gate import FairGate, Usage
 from env_service.workers.parent_watch import exit_with_parent
 
@@ -755,8 +756,9 @@ class RemoteEpisode:
 
     It keeps what a replay needs (the create arguments, each accepted message with a fingerprint of its reply)
     while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost. Each
-    reply's ``info["kept_bytes"]`` (what the episode keeps in its worker) gets the messages counted here added, so
-    that it says what the episode costs both processes. Its replay's budget is its own: ``replay_budget_s()``.
+    reply's ``info["kept_bytes"]`` says what the episode keeps in its worker; what is held here (:meth:`held`) the
+    manager measures with what it holds for the episode, so that their sum says what the episode costs both
+    processes. Its replay's budget is its own: ``replay_budget_s()``.
     """
 
     def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info, owner=None):
@@ -797,15 +799,20 @@ class RemoteEpisode:
         )
         self.terminated = result.terminated
         self._remember(assistant_text, result, seconds)
-        result.info["kept_bytes"] += self._history_bytes
         return result
 
+    def held(self) -> list:
+        """What is held here for the episode (the service counts it with what it holds for the episode itself): its
+        first messages and create arguments (the memory snapshot it may replay, too) and the messages it keeps."""
+        return [self._messages, self.info, self._create_args, self._history]
+
     def _remember(self, content: str, result, seconds: float) -> None:
-        self._history_bytes += len(content) + 64
+        entry = (content, _reply_fingerprint(result), seconds)
+        self._history_bytes += measured_bytes(entry)
         if self._history_bytes > self._pool.limits.max_episode_bytes:
             self.replayable, self._history = False, []
         elif self.replayable:
-            self._history.append((content, _reply_fingerprint(result), seconds))
+            self._history.append(entry)
             self._cost_s += seconds
 
     def evaluate(self, reward_cfg=None) -> dict:
