@@ -281,6 +281,10 @@ class ServiceLimits(_Block):
     call_memory_mib: int = _opt(256, _int(minimum=1))  # resident memory one call may add
     worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none
     max_steps: int = _opt(100, _int(minimum=1))
+    # CPU seconds all of one episode's messages may use together (reading them and running their calls), however
+    # cheap each is: beyond, the next message gets a limit text and the episode ends. A ground-truth episode uses well
+    # under 0.1 s; without it one episode could use max_steps x message_budget_s (500 s) of a worker.
+    episode_cpu_budget_s: float = _opt(30.0, _float(0.001))
     max_calls_per_message: int = _opt(64, _int(minimum=1))
     max_reply_bytes: int = _opt(128 * 1024, _int(minimum=256))
     max_errors_per_message: int = _opt(8, _int(minimum=1))  # parse errors shown and kept per message

@@ -16,7 +16,8 @@ assistant message with exactly one message:
 Limits (:class:`~env_service.bfcl.config.ServiceLimits`; every refusal is a text the model reads):
 
 * a message with more than ``max_calls_per_message`` calls is refused like a parse error (nothing runs);
-* the step after ``max_steps`` is answered with a limit text and ends the episode;
+* the step after ``max_steps``, or after the episode's messages used ``episode_cpu_budget_s`` of CPU together, is
+  answered with a limit text and ends the episode;
 * each call runs under ``call_budget_s`` and ``call_memory_mib``, the message's calls together under
   ``message_budget_s``: a call over its budget is stopped (its partial effects stay), later calls of the
   message are skipped, and each gets an ``Error during execution: ...`` result; the verifier tags the turn
@@ -145,6 +146,7 @@ class Episode:
         self._turn = 0  # index of the user turn the model is answering
         self._records: list[TurnRecord] = [TurnRecord(calls=[], exec_results=[])]
         self._num_steps = 0
+        self._cpu_s = 0.0  # CPU seconds its messages used together (episode_cpu_budget_s)
         self._terminated = False
         self._kept_bytes = 0  # what this episode keeps between messages (records), see _keeps
         self._state_bytes = 0  # its backend state as last measured (_check_state)
@@ -221,7 +223,13 @@ class Episode:
         self._num_steps += 1
         if self._num_steps > self.limits.max_steps:
             return self._end(f"reached its limit of {self.limits.max_steps} messages")
-        return self._step(assistant_text)
+        if self._cpu_s > self.limits.episode_cpu_budget_s:
+            return self._end(f"used its CPU time budget of {self.limits.episode_cpu_budget_s:g} s")
+        started = time.thread_time()  # the CPU of this thread: the message's reading and calls run here
+        try:
+            return self._step(assistant_text)
+        finally:
+            self._cpu_s += time.thread_time() - started
 
     def _end(self, why: str) -> StepResult:
         self._terminated = True
