@@ -3,7 +3,6 @@ requests whose client is gone, answers that are never read, and header abuse bef
 
 from __future__ import annotations
 
-import contextlib
 import json
 import select
 import socket
@@ -11,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from test_env_budgets import aliasing_messages
+from test_env_budgets import BENCHMARK, aliasing_messages
 from test_env_budgets import call as _call
 
 from env_service.bfcl.config import ServiceLimits
@@ -124,50 +123,6 @@ def test_answers_held_for_clients_that_never_read_share_one_budget():
 # ---------------------------------------------------------------------------------------------
 
 SECRET = "s3cret"
-AUTH = f"Authorization: Bearer {SECRET}\r\n".encode()
-_PROFILE_BODY = b'{"profile": {"smuggled": true}}'
-#: A complete request hidden where a body would be: were it ever parsed as a request, the profile would change.
-SMUGGLED = (
-    b"POST /profile HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-) % (len(_PROFILE_BODY), _PROFILE_BODY)
-
-
-_RELEASE = b'Content-Length: 23\r\n\r\n{"instance_id": "ep_x"}'
-
-
-def _request(headers: bytes, body: bytes = SMUGGLED) -> bytes:
-    return b"POST /release HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n" + headers + body
-
-
-HEADER_ABUSE = {
-    "two Content-Length": _request(b"Content-Length: 5\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED)),
-    "the same Content-Length twice": _request(b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (5, 5)),
-    "Content-Length then chunked": _request(b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" % 5),
-    "chunked then Content-Length": _request(b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"),
-    "a space before the colon": _request(b"Transfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"),
-    "chunked alone": _request(b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
-    "a folded Content-Length": _request(b"Content-Length: 0\r\n %d\r\n\r\n" % len(SMUGGLED)),
-    "a folded Transfer-Encoding": _request(b"Content-Length: 5\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n"),
-    "a folded header of no consequence": _request(b"X-Note: a\r\n b\r\nContent-Length: 5\r\n\r\n"),
-    "bare LF line ends": b"POST /release HTTP/1.1\nHost: x\n" + AUTH[:-2] + b"\nContent-Length: 5\n\n" + SMUGGLED,
-    # a well-formed request but for a second copy of a header that says who sends it (before: answered 200)
-    "two run ids": _request(b"X-Seal-Run-Id: a\r\nX-Seal-Run-Id: b\r\n" + _RELEASE, b""),
-    "two Authorization": _request(b"Authorization: Bearer wrong\r\n" + _RELEASE, b""),
-    "two Host": _request(b"Host: y\r\n" + _RELEASE, b""),
-    "many tiny headers": _request(b"a:\r\n" * 16000 + b"Content-Length: 5\r\n\r\n"),
-}
-
-
-def _answers(server, data: bytes) -> list[bytes]:
-    """Every status line the server answers ``data`` with, until it closes the connection (or 3 s pass: one it keeps
-    open took the request)."""
-    with socket.create_connection((server.host, server.port), timeout=3) as sock:
-        sock.sendall(data)
-        received = b""
-        with contextlib.suppress(TimeoutError):
-            while chunk := sock.recv(65536):
-                received += chunk
-    return [line for line in received.split(b"\r\n") if line.startswith(b"HTTP/1.")]
 
 
 def test_header_abuse_is_refused_before_anything_reads_the_request():
@@ -176,7 +131,8 @@ def test_header_abuse_is_refused_before_anything_reads_the_request():
     server, so that an upgrade that relaxes it fails this test); the service refuses a second copy of any header that
     says who sends a request or for which run (before: the first one won, unseen by anything reading the last)."""
     with ServerThread(EpisodeManager(), secret=SECRET) as server:
-        refusals = {name: _answers(server, data) for name, data in HEADER_ABUSE.items()}
+        abuse = BENCHMARK.header_abuse(SECRET)  # the benchmark floods the service with these
+        refusals = {name: BENCHMARK.status_lines(server.host, server.port, data) for name, data in abuse.items()}
         with EnvClient(server.url, secret=SECRET, retries=0) as client:
             assert client.get_profile()["version"] == 0  # the smuggled request never ran
     wrong = {
