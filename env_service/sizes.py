@@ -14,8 +14,10 @@ from typing import Any
 
 #: Objects that belong to no one holder (classes, modules, functions): never counted, never walked into.
 _SHARED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
-_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None))
+_LEAVES = frozenset({str, bytes, bytearray, int, float, complex, bool, type(None)})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
 _UNKNOWN_BYTES = 64  # an object that cannot say its size (rare: extension types without __sizeof__)
+_SLOTS: dict[type, tuple[str, ...]] = {}  # class -> the names of its __slots__ (its whole MRO's)
 
 
 def measured_bytes(root: Any, limit: int = sys.maxsize, leaves: bool = True) -> int:
@@ -26,26 +28,33 @@ def measured_bytes(root: Any, limit: int = sys.maxsize, leaves: bool = True) -> 
     ``leaves=False``: strings, numbers and the like are not counted, only what holds them. That is what a deep copy
     costs (``copy.deepcopy`` shares immutable objects with its original): an episode's copy of its task holds half the
     bytes the task's whole graph does."""
-    total, stack, seen = 0, [root], set()
+    total, stack, seen, getsizeof = 0, [root], set(), sys.getsizeof
     while stack and total <= limit:
         value = stack.pop()
-        if id(value) in seen or isinstance(value, _SHARED):
+        kind = type(value)
+        if kind in _LEAVES and not leaves:
+            continue
+        if id(value) in seen:
             continue
         seen.add(id(value))
-        if isinstance(value, _LEAVES):
-            total += sys.getsizeof(value) if leaves else 0
-            continue
-        try:
-            total += sys.getsizeof(value)
-        except TypeError:
-            total += _UNKNOWN_BYTES
-        if isinstance(value, dict):
+        if kind in _LEAVES:
+            total += getsizeof(value)
+        elif kind is dict:
+            total += getsizeof(value)
             stack.extend(value.keys())
             stack.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
+        elif kind in _SEQUENCES:
+            total += getsizeof(value)
             stack.extend(value)
-        else:
-            stack.extend(_attributes(value))
+        elif not isinstance(value, _SHARED):
+            try:
+                total += getsizeof(value)
+            except TypeError:
+                total += _UNKNOWN_BYTES
+            if isinstance(value, dict | list | tuple | set | frozenset):  # their subclasses
+                stack.extend(value.items() if isinstance(value, dict) else value)
+            else:
+                stack.extend(_attributes(value))
     return total
 
 
@@ -55,10 +64,16 @@ def _attributes(value: Any) -> list:
     attributes = getattr(value, "__dict__", None)
     if isinstance(attributes, dict):
         held.append(attributes)
-    for cls in type(value).__mro__:
-        for name in getattr(cls, "__slots__", ()):
-            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
-                held.append(getattr(value, name))
+    kind = type(value)
+    if kind not in _SLOTS:
+        declared = [getattr(cls, "__slots__", ()) for cls in kind.__mro__]
+        _SLOTS[kind] = tuple(
+            name
+            for slots in declared
+            for name in ((slots,) if isinstance(slots, str) else slots)
+            if name not in ("__dict__", "__weakref__")
+        )
+    held.extend(getattr(value, name) for name in _SLOTS[kind] if hasattr(value, name))
     return held
 
 

@@ -102,6 +102,8 @@ def _bounded_errors(errors: list[str], limit: int) -> list[str]:
 #: Measured bytes of a task's copy, per task id: every episode holds its own copy (``tasks.load_task`` deep-copies),
 #: and the copies of one task are alike, so each task is measured once per process.
 _TASK_BYTES: dict[str, int] = {}
+#: Measured bytes of an episode's backends before its first message, per (task id, episode class).
+_INITIAL_STATE_BYTES: dict[tuple[str, str], int] = {}
 
 
 def _task_bytes(task: Task) -> int:
@@ -165,7 +167,7 @@ class Episode:
         # What it holds from its creation, measured: its own copy of the task, its prompt, its backends' state (an
         # idle episode once counted only its prompt: ~25 KB of the ~150 KB it held in its worker and the service).
         self._held_bytes = _task_bytes(task) + measured_bytes(self._held())
-        self._state_bytes = measured_bytes(dict(self._session.instances), self.limits.max_state_bytes)
+        self._state_bytes = self._initial_state_bytes()
         self.info["kept_bytes"] = self.kept_bytes
 
     # -- public API -----------------------------------------------------------------------------
@@ -188,6 +190,17 @@ class Episode:
     def _disk_bytes(self) -> int:
         """Bytes of files the episode keeps (none: the multi-turn backends keep their files in memory)."""
         return 0
+
+    def _initial_state_bytes(self) -> int:
+        """Its backends' state before the first message: fresh copies of the task's, alike for every episode of the
+        task, so measured once per task (and backend flavour) in a process."""
+        key = (self.task.id, type(self).__name__)
+        if key not in _INITIAL_STATE_BYTES:
+            _INITIAL_STATE_BYTES[key] = measured_bytes(dict(self._session.instances))
+        return _INITIAL_STATE_BYTES[key]
+
+    def _measured_state(self) -> int:
+        return measured_bytes(dict(self._session.instances), self.limits.max_state_bytes)
 
     @property
     def turn(self) -> int:
@@ -476,7 +489,7 @@ class Episode:
         limit = self.limits.max_state_bytes
         if self._tools_refused:  # the state no longer changes
             return ""
-        self._state_bytes = measured_bytes(dict(self._session.instances), limit)
+        self._state_bytes = self._measured_state()
         if self._state_bytes <= limit:
             return ""
         self._tools_refused = (

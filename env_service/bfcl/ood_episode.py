@@ -44,6 +44,7 @@ from env_service.bfcl.ood_tasks import (
     OodTask,
     is_ood_task,
     load_ood_task,
+    shared_ood_task,
     unavailable_reason,
 )
 from env_service.bfcl.scratch import scratch_root
@@ -175,6 +176,9 @@ class OodEpisode(Episode):
     def _held(self) -> list:
         return [*super()._held(), self._snapshot_in]  # the memory it started from, as Python objects
 
+    def _initial_state_bytes(self) -> int:
+        return self._measured_state()  # the memory it was given: its own
+
     def _disk_bytes(self) -> int:
         """The files in its scratch folder (the memory it was given, bfcl's flushes), measured as they are now."""
         total = 0
@@ -292,9 +296,12 @@ class OodEpisode(Episode):
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def load_any_task(task_id: str):
-    """A multi-turn :class:`~env_service.bfcl.tasks.Task` or an :class:`OodTask` (KeyError for unknown ids)."""
-    return load_ood_task(task_id) if is_ood_task(task_id) else tasks.load_task(task_id)
+def load_any_task(task_id: str, shared: bool = False):
+    """A multi-turn :class:`~env_service.bfcl.tasks.Task` or an :class:`OodTask` (KeyError for unknown ids): a fresh
+    deep copy, or with ``shared`` the table's own, for reading only (a deep copy costs milliseconds)."""
+    if is_ood_task(task_id):
+        return shared_ood_task(task_id) if shared else load_ood_task(task_id)
+    return tasks.shared_task(task_id) if shared else tasks.load_task(task_id)
 
 
 def new_episode(

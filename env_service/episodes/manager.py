@@ -187,15 +187,18 @@ class _Slot:
     request_key: tuple | None = None  # (owner, request_id) of the create that started it
     run_id: str | None = None  # whose failure profile it got
     kept_bytes: int = 0  # what it keeps, as its last reply said (info["kept_bytes"]); counted in its client's total
+    fixed_bytes: int = 0  # what the service holds for it from its creation on (see _slot_bytes)
 
 
 def _slot_bytes(slot: _Slot) -> int:
-    """What the service holds for a live episode, measured: its first answer (a retried create gets it again), the
-    request it was created by, its last answer and message (a retried step gets it), and what its handle holds here
-    for an episode in a worker (``RemoteEpisode.held``: its messages, to rebuild it). An episode in this process
-    counts itself (``info["kept_bytes"]``)."""
-    held = getattr(slot.episode, "held", list)()
-    return measured_bytes([slot.initial, slot.fingerprint, slot.last_step, slot.last_content, held])
+    """What the service holds for a live episode, measured: its first answer (a retried create gets it again) and the
+    request it was created by (``fixed_bytes``, measured once), its last answer and message (a retried step gets it),
+    and what its handle holds here for an episode in a worker (``RemoteEpisode.held_bytes``: its messages, to rebuild
+    it). An episode in this process counts itself (``info["kept_bytes"]``)."""
+    if not slot.fixed_bytes:
+        slot.fixed_bytes = measured_bytes([slot.initial, slot.fingerprint])
+    held = getattr(slot.episode, "held_bytes", int)()
+    return slot.fixed_bytes + measured_bytes([slot.last_step, slot.last_content]) + held
 
 
 @dataclass
@@ -502,8 +505,9 @@ class EpisodeManager:
         return task_id, mode, params
 
     def _load_task(self, task_id: str):
+        """The task: a copy for an episode in this process; with workers (each loads its own), the table's, read only."""
         try:
-            return load_any_task(task_id)
+            return load_any_task(task_id, shared=self._pool is not None)
         except (KeyError, ValueError) as error:
             raise UnknownTask(str(error).strip("'\"")) from None
 

@@ -274,26 +274,34 @@ class AnswersInFlight:
     """The answer bytes held for clients that have not taken them, all connections together, within one budget and one
     time limit (``max_answer_bytes_in_flight``, ``write_timeout_s``).
 
-    A connection is noted after each answer it writes (and whenever its write buffer fills): what it holds is measured
-    (its write buffer and its socket's send queue: ``held_answer_bytes``). One holding nothing is not kept here; one
-    holding more than the budget allows has the connections holding theirs the longest dropped to make room (itself
-    last). A sweep while anything is held measures again: a connection whose answers were taken leaves, one that has
-    held answers for ``timeout_s`` is dropped. Only the event loop touches it: no lock.
+    What a connection holds is measured (``held_answer_bytes``: its write buffer and its socket's send queue, where the
+    kernel keeps most of an unread answer): at once when its write buffer fills, else at the next sweep after it
+    answered (``answered`` only files it: measuring takes a system call, which would release the interpreter's lock
+    after every answer). One holding nothing is let go; one holding more than the budget allows has the connections
+    holding theirs the longest dropped to make room (itself last). Sweeps run every quarter of the timeout (at most
+    1 s) while anything is held or answered: a connection whose answers were taken leaves, one that has held answers
+    for ``timeout_s`` since it answered is dropped. Only the event loop touches it: no lock.
     """
 
     def __init__(self, budget: int, timeout_s: float, clock=time.monotonic) -> None:
         self.budget, self.timeout_s, self._clock = budget, timeout_s, clock
         self.total = 0
         self._held: dict = {}  # connection -> [bytes, holding since]; insertion order: the longest holding first
+        self._answered: dict = {}  # connection -> when it answered, not measured yet
         self._sweep = None
 
-    def note(self, connection) -> None:
+    def answered(self, connection) -> None:
+        if connection not in self._held:
+            self._answered.setdefault(connection, self._clock())
+            self._arm(connection.loop)
+
+    def note(self, connection, since: float | None = None) -> None:
         held = connection.held_answer_bytes()
         entry = self._held.get(connection)
         if not held:
             return self.forget(connection)
         if entry is None:
-            self._held[connection] = entry = [0, self._clock()]
+            self._held[connection] = entry = [0, self._clock() if since is None else since]
         self.total += held - entry[0]
         entry[0] = held
         for other in list(self._held):  # the longest holding first, this one last
@@ -304,16 +312,20 @@ class AnswersInFlight:
         self._arm(connection.loop)
 
     def forget(self, connection) -> None:
+        self._answered.pop(connection, None)
         entry = self._held.pop(connection, None)
         if entry is not None:
             self.total -= entry[0]
 
     def _arm(self, loop) -> None:
-        if self._sweep is None and self._held:
+        if self._sweep is None and (self._held or self._answered):
             self._sweep = loop.call_later(min(1.0, self.timeout_s / 4), self._swept, loop)
 
     def _swept(self, loop) -> None:
         self._sweep = None
+        answered, self._answered = self._answered, {}
+        for connection, since in answered.items():
+            self.note(connection, since)
         now = self._clock()
         for connection, (_, since) in list(self._held.items()):
             if connection.held_answer_bytes() and now - since > self.timeout_s:
@@ -528,7 +540,7 @@ def guarded_protocol(limits: HttpLimits):
             if self._charges:
                 bytes_in_flight.release(self, self._charges.popleft())
             super().on_response_complete()
-            answers_in_flight.note(self)
+            answers_in_flight.answered(self)
             self._file()
             if self._unparsed and not self.transport.is_closing():
                 self.loop.call_soon(self._parse_if_open)

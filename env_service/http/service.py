@@ -301,7 +301,6 @@ def create_app(
     app.state.limiter = None
     app.state.http_limits = limits
     app.state.in_flight = collections.Counter()  # client -> requests in flight
-    app.state.background = set()  # work of requests whose client is gone, until it is done
     app.state.run_ids = RunIdsPerPeer(limits.max_run_ids_per_peer, manager.idle_timeout_s)
     app.state.service_id = service_id
     app.add_middleware(BodyLimitMiddleware, limit=limits.max_body_bytes)
@@ -321,45 +320,47 @@ async def _reclaim_loop(manager: EpisodeManager, limiter) -> None:
             log.exception("idle reclaim failed")
 
 
-async def _run(request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller):
+async def _run(request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller, free):
     """Run the endpoint's manager work in a thread; map errors to clean JSON responses.
 
-    A request whose client disconnects is answered at once (into the void), so that what it holds here (its place among
-    its client's requests in flight) is freed when the client goes: its work is dropped before it starts or while it
-    waits for a worker, else finishes in the background and what it made for no one is undone (``Endpoint.undo``: an
-    episode created for a client that left is released at once). Before, it kept its slot until the work was done,
-    and the episode lived until the idle reclaim."""
+    The moment the request's client disconnects, what the request holds here (its place among its client's requests in
+    flight) is freed (``free``, called once), and its work is dropped before it starts or while it waits for a worker;
+    work already under way finishes, and what it made for no one is undone (``Endpoint.undo``: an episode created for
+    a client that left is released at once). Before, it kept its slot until the work was done, and the episode lived
+    until the idle reclaim."""
     abandon = Abandon()
-    work = asyncio.ensure_future(_in_thread(request, endpoint, manager, body, caller, abandon))
-    gone = asyncio.ensure_future(_disconnected(request))
+
+    def client_gone(watch: asyncio.Task) -> None:
+        if not watch.cancelled():
+            abandon.abandon()
+            free()
+
+    watch = asyncio.ensure_future(_disconnected(request))
+    watch.add_done_callback(client_gone)
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        result, error = await _in_thread(request, endpoint, manager, body, caller, abandon)
     finally:
-        gone.cancel()
-    if not (gone.done() and not gone.cancelled()):
-        return _response(manager, request, work.result())
-    abandon.abandon()
-    background = request.app.state.background
-    background.add(work)  # held until done: the loop keeps only weak references to tasks
-    work.add_done_callback(background.discard)
-    # Its thread undoes what it made if it sees the client gone when it finishes; one that finished just before (or as)
-    # the client left is undone here (an undo is idempotent: a second release of an episode finds it gone).
-    work.add_done_callback(lambda _: _undo_in_background(request, endpoint, manager, work, caller))
+        watch.cancel()
+    if not abandon.gone:
+        return _response(manager, request, result, error)
+    if error is None and endpoint.undo is not None:  # finished as its client left: its thread may have missed it
+        await anyio.to_thread.run_sync(endpoint.abandoned, manager, result, caller, limiter=request.app.state.limiter)
     return _error(499, "client_gone", "the client disconnected before its answer")
 
 
 async def _in_thread(
-    request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller, abandon
+    request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller, abandon: Abandon
 ):
     """``(result, None)`` or ``(None, error)`` of the endpoint's work, run in a thread for the request ``abandon``
-    follows (the pool's waits see it)."""
+    follows (the pool's waits see it); what it made is undone there if its client left while it ran (an undo is
+    idempotent: a second release of an episode finds it gone)."""
 
     def call():
         with abandoned.working_for(abandon):
             if endpoint.abandonable:
                 abandoned.check()
             result = endpoint(manager, body, caller)
-        if abandon.gone:  # its client left while it ran
+        if abandon.gone:
             endpoint.abandoned(manager, result, caller)
         return result
 
@@ -369,24 +370,13 @@ async def _in_thread(
         return None, error
 
 
-def _undo_in_background(request: Request, endpoint: Endpoint, manager: EpisodeManager, work, caller: Caller) -> None:
-    result, error = work.result()
-    if error is None and endpoint.undo is not None:
-        task = asyncio.ensure_future(
-            anyio.to_thread.run_sync(endpoint.abandoned, manager, result, caller, limiter=request.app.state.limiter)
-        )
-        request.app.state.background.add(task)
-        task.add_done_callback(request.app.state.background.discard)
-
-
 async def _disconnected(request: Request) -> None:
     """Returns once the request's client has disconnected (the body has been read: nothing else arrives)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-def _response(manager: EpisodeManager, request: Request, outcome: tuple):
-    result, error = outcome
+def _response(manager: EpisodeManager, request: Request, result, error: Exception | None):
     if error is None:
         return SafeJSONResponse(result)
     if isinstance(error, ManagerError):
@@ -416,12 +406,20 @@ def _route(manager: EpisodeManager, endpoint: Endpoint):
                 f"{limit} requests of this client (all its run ids) are in flight already; wait",
             )
         in_flight[caller.client] += 1
+        holding = True
+
+        def free() -> None:  # once: when the answer is ready, or when the client leaves before it
+            nonlocal holding
+            if holding:
+                holding = False
+                in_flight[caller.client] -= 1
+                if not in_flight[caller.client]:
+                    del in_flight[caller.client]
+
         try:
-            return await _run(request, endpoint, manager, {} if body is None else dict(body), caller)
+            return await _run(request, endpoint, manager, {} if body is None else dict(body), caller, free)
         finally:
-            in_flight[caller.client] -= 1
-            if not in_flight[caller.client]:
-                del in_flight[caller.client]
+            free()
 
     parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)]
     if endpoint.body is not None:  # FastAPI reads the body model from the signature

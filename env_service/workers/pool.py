@@ -534,6 +534,7 @@ class WorkerPool:
                 raise
         handle = RemoteEpisode(self, worker, generation, key, messages, info, owner)
         handle._create_args, handle._create_s, handle._cost_s = args, seconds, seconds
+        handle._own_bytes = measured_bytes([messages, info, args])  # what it holds here from its creation
         with self._state:
             if key in worker.episodes:  # not lost while it was being created
                 worker.episodes[key] = handle
@@ -756,8 +757,8 @@ class RemoteEpisode:
 
     It keeps what a replay needs (the create arguments, each accepted message with a fingerprint of its reply)
     while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost. Each
-    reply's ``info["kept_bytes"]`` says what the episode keeps in its worker; what is held here (:meth:`held`) the
-    manager measures with what it holds for the episode, so that their sum says what the episode costs both
+    reply's ``info["kept_bytes"]`` says what the episode keeps in its worker; the manager adds what is held here
+    (:meth:`held_bytes`) and what it holds for the episode, so that their sum says what the episode costs both
     processes. Its replay's budget is its own: ``replay_budget_s()``.
     """
 
@@ -770,6 +771,7 @@ class RemoteEpisode:
         self._create_args: tuple = ()
         self._history: list[tuple[str, str, float]] = []  # (message, fingerprint of its reply, worker seconds)
         self._history_bytes = 0
+        self._own_bytes = 0
         self.replayable = True
         self.lost_reason: str | None = None
         self._create_s = 0.0  # worker seconds its create took
@@ -801,10 +803,10 @@ class RemoteEpisode:
         self._remember(assistant_text, result, seconds)
         return result
 
-    def held(self) -> list:
-        """What is held here for the episode (the service counts it with what it holds for the episode itself): its
-        first messages and create arguments (the memory snapshot it may replay, too) and the messages it keeps."""
-        return [self._messages, self.info, self._create_args, self._history]
+    def held_bytes(self) -> int:
+        """What is held here for the episode, measured (the manager adds it to what it holds for the episode itself):
+        its first messages and create arguments (the memory snapshot it may replay, too) and the messages it keeps."""
+        return self._own_bytes + self._history_bytes
 
     def _remember(self, content: str, result, seconds: float) -> None:
         entry = (content, _reply_fingerprint(result), seconds)
