@@ -277,8 +277,9 @@ class AnswersInFlight:
     What a connection holds is measured (``held_answer_bytes``: its write buffer and its socket's send queue, where the
     kernel keeps most of an unread answer): at once when its write buffer fills, else at the next sweep after it
     answered (``answered`` only files it: measuring takes a system call, which would release the interpreter's lock
-    after every answer). One holding nothing is let go; one holding more than the budget allows has the connections
-    holding theirs the longest dropped to make room (itself last). Sweeps run every quarter of the timeout (at most
+    after every answer). One holding nothing is let go; beyond the budget, the connections holding theirs the longest
+    are dropped to make room, among those whose clients took nothing since they were last measured (a connection
+    measured mid-answer, its client reading, is never dropped for room). Sweeps run every quarter of the timeout (at most
     1 s) while anything is held or answered: a connection whose answers were taken leaves, one that has held answers
     for ``timeout_s`` since it answered is dropped. Only the event loop touches it: no lock.
     """
@@ -286,7 +287,8 @@ class AnswersInFlight:
     def __init__(self, budget: int, timeout_s: float, clock=time.monotonic) -> None:
         self.budget, self.timeout_s, self._clock = budget, timeout_s, clock
         self.total = 0
-        self._held: dict = {}  # connection -> [bytes, holding since]; insertion order: the longest holding first
+        # connection -> [bytes, holding since, stalled]; insertion order: the longest holding first
+        self._held: dict = {}
         self._answered: dict = {}  # connection -> when it answered, not measured yet
         self._sweep = None
 
@@ -301,14 +303,17 @@ class AnswersInFlight:
         if not held:
             return self.forget(connection)
         if entry is None:
-            self._held[connection] = entry = [0, self._clock() if since is None else since]
+            self._held[connection] = entry = [0, self._clock() if since is None else since, False]
+        else:  # stalled: its client took nothing since it was last measured
+            entry[2] = held >= entry[0]
         self.total += held - entry[0]
         entry[0] = held
-        for other in list(self._held):  # the longest holding first, this one last
+        for other, (_, _, stalled) in list(self._held.items()):  # the longest holding first
             if self.total <= self.budget:
                 break
-            self.forget(other)
-            other.drop("its answers waited longest while the service needed room for others' answers")
+            if stalled:  # never one caught mid-answer: a client that reads takes its answer within milliseconds
+                self.forget(other)
+                other.drop("its answers waited longest while the service needed room for others' answers")
         self._arm(connection.loop)
 
     def forget(self, connection) -> None:
@@ -327,7 +332,7 @@ class AnswersInFlight:
         for connection, since in answered.items():
             self.note(connection, since)
         now = self._clock()
-        for connection, (_, since) in list(self._held.items()):
+        for connection, (_, since, _) in list(self._held.items()):
             if connection.held_answer_bytes() and now - since > self.timeout_s:
                 self.forget(connection)
                 connection.drop(f"its client did not take its answer within {self.timeout_s:g} s")
