@@ -3,6 +3,7 @@
     python benchmarks/env_service.py            # full: 400 held-out tasks, 5,000-episode memory run
     python benchmarks/env_service.py --quick    # smoke version (a test runs it so the script cannot rot)
     python benchmarks/env_service.py --only "slow bodies from loopback addresses"   # one attack class of 5. alone
+    python benchmarks/env_service.py --side-by-side /tmp/base   # HTTP@32 against another checkout, alternating
 
 Measures, on the ground-truth replay of the held-out split (every episode: create, one message per GT
 turn with the calls plus one plain-text message per turn, evaluate, release):
@@ -1276,6 +1277,38 @@ def _stopped_worker_line(s: dict) -> str:
     )
 
 
+#: One tree's HTTP@32 replay of the held-out split, run in that tree (``side_by_side``): best of two after a warm-up.
+_ONE_TREE = r"""
+import importlib.util, json
+spec = importlib.util.spec_from_file_location("tree_benchmark", "benchmarks/env_service.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+ids = bench.tasks.task_ids("heldout")
+with bench.ServiceProcess() as service, bench.EnvClient(service.url, pool_size=32) as client:
+    bench.replay.replay_split(client, ids[:16], concurrency=8)
+    runs = [bench.timed_replay(client, ids, 32) for _ in range(2)]
+print(json.dumps({"eps": max(r["eps"] for r in runs), "ok": all(r["ok"] for r in runs)}))
+"""
+
+
+def side_by_side(other: str, rounds: int) -> dict:
+    """HTTP@32 episodes/s of this tree and of ``other`` (another checkout, e.g. ``git worktree add /tmp/base REV``),
+    alternating ``rounds`` times in one run, so both see the same machine load."""
+    trees = {"this tree": str(REPO), "other tree": str(Path(other).resolve())}
+    eps: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": tree}
+            out = subprocess.run([sys.executable, "-c", _ONE_TREE], cwd=tree, env=env, capture_output=True, text=True)
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            if not result["ok"]:
+                raise RuntimeError(f"{name}'s replay had errors")
+            eps[name].append(result["eps"])
+            print(f"  {name}: HTTP@32 {result['eps']:.1f} episodes/s", flush=True)
+    means = {name: statistics.mean(values) for name, values in eps.items()}
+    return {"eps": eps, "means": means, "ratio": means["this tree"] / means["other tree"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 tasks, memory after 50 vs 200 episodes")
@@ -1287,7 +1320,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CLASS",
         help="measure only this attack class of the innocent-client run (5.), one of: " + "; ".join(classes),
     )
+    parser.add_argument(
+        "--side-by-side",
+        metavar="OTHER_TREE",
+        help="only compare HTTP@32 throughput with another checkout (e.g. git worktree add /tmp/base REV), alternating",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of --side-by-side (3)")
     args = parser.parse_args(argv)
+    if args.side_by_side:
+        compared = side_by_side(args.side_by_side, args.rounds)
+        print(
+            f"HTTP@32 mean: this tree {compared['means']['this tree']:.1f}, other tree "
+            f"{compared['means']['other tree']:.1f} episodes/s; this / other {compared['ratio']:.3f}"
+        )
+        return 0
     figures = run(args.quick, args.only)
     print(attacks_report(figures["attacks"]) if args.only else report(figures))
     if args.json:
