@@ -769,7 +769,7 @@ def _abandoned_creates(client, stop) -> dict:
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             sock.sendall(request)
         sent += 1
-    time.sleep(2.0)  # what was under way has finished
+    time.sleep(1.0)  # what was under way has finished
     after = requests.get(client.url + "/health", timeout=30).json()
     return {
         "creates abandoned": sent,
@@ -861,7 +861,7 @@ def _memory_verdicts(client, stop) -> dict:
     return {"memory verdicts kept for retries": finished}
 
 
-CPU_BUDGET_S = 2.0  # the episode CPU budget of the service the class below runs against
+CPU_BUDGET_S = 2.0  # the episode CPU budget of WORKER_ATTACKS' service, where the class below runs
 CHEAP_DOUBLINGS = 16  # a find over 2**16 aliased entries: well within the call and message budgets, every time
 
 
@@ -915,9 +915,10 @@ WORKER_ATTACKS = {
     "its episode kills its worker": _kills_its_worker,
     "workers killed from outside": _outside_kills,
     "slow episodes beside a killed worker": _slow_episodes_and_a_killer,
+    # on the same service, whose episodes have a small CPU budget (``CPU_BUDGET_S``): the slow episodes above end by it
+    # now and then and are replaced, which changes nothing they measure
+    "an episode's many cheap calls": _cheap_calls_summed,
 }
-#: Attacks on a service with a small episode CPU budget (``CPU_BUDGET_S``).
-CPU_ATTACKS = {"an episode's many cheap calls": _cheap_calls_summed}
 
 
 def _innocent_replays(url: str, ids: list[str], min_s: float, resident: int = 4) -> tuple[list[float], int, list[str]]:
@@ -1005,11 +1006,7 @@ def innocent_under_attacks(
     from env_service.bfcl.ood_tasks import SERPAPI_KEY_ENV
 
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
-    attacks, worker_attacks, cpu_attacks = (
-        _chosen(ATTACKS, only),
-        _chosen(WORKER_ATTACKS, only),
-        _chosen(CPU_ATTACKS, only),
-    )
+    attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)
     if quick:
         flags += ("--evaluations-kept-per-client", str(QUICK_KEPT_PER_CLIENT))
         attacks = {
@@ -1029,14 +1026,17 @@ def innocent_under_attacks(
     if worker_attacks:
         # No grace, and room for the find to run into its time budget rather than its memory budget: each such
         # message leaves its worker past the deadline, so the worker is killed (and its innocent episodes rebuilt).
-        with ServiceProcess(*flags, "--worker-grace-s", "0", "--call-memory-mib", "4096") as service:
+        worker_flags = (
+            "--worker-grace-s",
+            "0",
+            "--call-memory-mib",
+            "4096",
+            "--episode-cpu-budget-s",
+            str(CPU_BUDGET_S),
+        )
+        with ServiceProcess(*flags, *worker_flags) as service:
             figures.update(
                 {name: _innocent_during(service, attack, ids, min_s) for name, attack in worker_attacks.items()}
-            )
-    if cpu_attacks:
-        with ServiceProcess(*flags, "--episode-cpu-budget-s", str(CPU_BUDGET_S)) as service:
-            figures.update(
-                {name: _innocent_during(service, attack, ids, min_s) for name, attack in cpu_attacks.items()}
             )
     return {"classes": figures, **stopped}
 
@@ -1313,7 +1313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 tasks, memory after 50 vs 200 episodes")
     parser.add_argument("--json", help="also write the figures to this JSON file")
-    classes = [*ATTACKS, *WORKER_ATTACKS, *CPU_ATTACKS]
+    classes = [*ATTACKS, *WORKER_ATTACKS]
     parser.add_argument(
         "--only",
         choices=classes,
