@@ -3,6 +3,7 @@
     python benchmarks/env_service.py            # full: 400 held-out tasks, 5,000-episode memory run
     python benchmarks/env_service.py --quick    # smoke version (a test runs it so the script cannot rot)
     python benchmarks/env_service.py --only "slow bodies from loopback addresses"   # one attack class of 5. alone
+    python benchmarks/env_service.py --side-by-side /tmp/base   # HTTP@32 against another checkout, alternating
 
 Measures, on the ground-truth replay of the held-out split (every episode: create, one message per GT
 turn with the calls plus one plain-text message per turn, evaluate, release):
@@ -539,16 +540,21 @@ PIPELINED = b"GET /health HTTP/1.1\r\nHost: pipe\r\n\r\n" * (2 * 2**20 // 34)  #
 BODY_CONNECTIONS = 256
 
 
-def _keep_sending(client, stop, connections: int, data: bytes) -> dict:
+def _keep_sending(client, stop, connections: int, data: bytes, receive_buffer: int | None = None) -> dict:
     """``data`` sent (as far as the service reads it) and never a byte read back, on each of ``connections``
-    connections, each reopened when the service closes it: the service sees ``connections`` x ``data`` in flight."""
+    connections, each reopened when the service closes it: the service sees ``connections`` x ``data`` in flight.
+    ``receive_buffer``: each connection's (small: what it does not take of its answers stays with the service)."""
     host, port = client.url.rsplit("/", 1)[-1].split(":")
     held: list[tuple[socket.socket, int] | None] = [None] * connections  # connection, bytes sent on it (-1: failed)
     opened = closed = 0
     while not stop.is_set():
         for slot in range(connections):
             if held[slot] is None:
-                sock = socket.create_connection((host, int(port)), timeout=5)
+                sock = socket.socket()
+                if receive_buffer:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+                sock.settimeout(5)
+                sock.connect((host, int(port)))
                 sock.setblocking(False)
                 held[slot], opened = (sock, 0), opened + 1
             sock, sent = held[slot]
@@ -725,6 +731,159 @@ def _killed_by_its_message(client) -> int:
     return 0
 
 
+# ---- Round 4 (issue 31): answers never read, abandoned requests, header abuse, kept bytes, CPU summed ----------
+
+ANSWER_CONNECTIONS = 128
+BIG_PROFILE = {"notes": "x" * (900 * 1024)}  # what GET /profile answers the attacker: ~900 KB for a cheap request
+
+
+def _answers_never_read(client, stop) -> dict:
+    """128 connections that each ask for a ~900 KB answer (``GET /profile`` of the attacker's run) and never read it:
+    before, each kept its answer (and its connection) for good, in the service's buffers and the kernel's (24 such
+    held 58 MiB of TCP memory 40 s later); now answers held share one budget (64 MiB) and a write timeout (30 s),
+    the connections holding theirs the longest dropped first."""
+    client.set_profile(BIG_PROFILE)
+    request = b"GET /profile HTTP/1.1\r\nHost: answers\r\n%s: attacker\r\n\r\n" % RUN_ID_HEADER.encode()
+    return _keep_sending(client, stop, ANSWER_CONNECTIONS, request, receive_buffer=4096)
+
+
+def _raw_post(path: str, body: dict, *headers: str) -> bytes:
+    data = json.dumps(body).encode()
+    head = "".join(f"{header}\r\n" for header in headers)
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+def _abandoned_creates(client, stop) -> dict:
+    """Creates whose client disconnects as soon as they are sent, from loopback like the innocent (one client for
+    every per-address limit): before, each kept one of the address's requests in flight until it had run (the
+    innocent's requests got 429 beyond 96), and the episode it made lived 600 s for no one."""
+    import requests
+
+    host, port = client.url.rsplit("/", 1)[-1].split(":")
+    request = _raw_post("/create", {"task_id": PASSING_TASK, "mode": "validate"}, f"{RUN_ID_HEADER}: attacker")
+    health = requests.get(client.url + "/health", timeout=30).json()
+    sent = 0
+    while not stop.is_set():
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(request)
+        sent += 1
+    time.sleep(1.0)  # what was under way has finished
+    after = requests.get(client.url + "/health", timeout=30).json()
+    return {
+        "creates abandoned": sent,
+        "episodes made and released at once": after["abandoned"] - health["abandoned"],
+        "live episodes after (all clients)": after["live"],
+    }
+
+
+def _smuggled(secret: str | None) -> bytes:
+    """A complete ``POST /profile`` of the anonymous run: were it ever read as a request, that profile would change."""
+    return _raw_post("/profile", {"profile": {"smuggled": True}}, f"Authorization: Bearer {secret or 'none'}")
+
+
+def header_abuse(secret: str | None = None) -> dict[str, bytes]:
+    """Requests whose headers disagree on where a body ends or who sends it, fold lines, or are many and tiny
+    (request smuggling, parser cost), each before any authentication; a smuggled request rides in each body."""
+    auth = f"Authorization: Bearer {secret or 'none'}\r\n".encode()  # a service without a secret ignores it
+    smuggled = _smuggled(secret)
+
+    def request(headers: bytes, body: bytes = smuggled) -> bytes:
+        return b"POST /release HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n" + headers + body
+
+    release = b'Content-Length: 23\r\n\r\n{"instance_id": "ep_x"}'
+    return {
+        "two Content-Length": request(b"Content-Length: 5\r\nContent-Length: %d\r\n\r\n" % len(smuggled)),
+        "the same Content-Length twice": request(b"Content-Length: 5\r\nContent-Length: 5\r\n\r\n"),
+        "Content-Length then chunked": request(b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        "chunked then Content-Length": request(b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"),
+        "a space before the colon": request(b"Transfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"),
+        "chunked alone": request(b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        "a folded Content-Length": request(b"Content-Length: 0\r\n %d\r\n\r\n" % len(smuggled)),
+        "a folded Transfer-Encoding": request(b"Content-Length: 5\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n"),
+        "a folded header of no consequence": request(b"X-Note: a\r\n b\r\nContent-Length: 5\r\n\r\n"),
+        "bare LF line ends": b"POST /release HTTP/1.1\nHost: x\n"
+        + auth.replace(b"\r\n", b"\n")
+        + b"Content-Length: 5\n\n"
+        + smuggled,
+        # well-formed but for a second copy of a header that says who sends the request (before: answered 200)
+        "two run ids": request(b"X-Seal-Run-Id: a\r\nX-Seal-Run-Id: b\r\n" + release, b""),
+        "two Authorization": request(b"Authorization: Bearer wrong\r\n" + release, b""),
+        "two Host": request(b"Host: y\r\n" + release, b""),
+        "many tiny headers": request(b"a:\r\n" * 16000 + b"Content-Length: 5\r\n\r\n"),
+    }
+
+
+def status_lines(host: str, port: int, data: bytes, timeout_s: float = 3.0) -> list[bytes]:
+    """Every status line the server answers ``data`` with on a connection of its own, until it closes it (or
+    ``timeout_s`` pass: a server that keeps it open took the request)."""
+    import contextlib
+
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        received = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    return [line for line in received.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+
+
+def _header_abuse(client, stop) -> dict:
+    """``header_abuse``'s requests, each on a connection of its own, over and over: each must get one 4xx and the
+    connection closed, and no smuggled request may run."""
+    host, port = client.url.rsplit("/", 1)[-1].split(":")
+    sent = taken = 0
+    while not stop.is_set():
+        for data in header_abuse().values():
+            statuses = status_lines(host, int(port), data)
+            taken += len(statuses) != 1 or not statuses[0].split()[1].startswith(b"4")
+            sent += 1
+    with EnvClient(client.url, retries=0) as anonymous:
+        smuggled_ran = anonymous.get_profile()["version"] != 0
+    return {"abusive requests": sent, "taken as requests": taken, "smuggled requests run": int(smuggled_ran)}
+
+
+#: A memory of many short entries (~0.9 MB of JSON): as Python objects it takes many times that.
+MEMORY_SNAPSHOT = {"core_memory": {}, "archival_memory": {f"k{i}": f"note {i}" for i in range(40_000)}}
+MEMORY_PREREQ = "memory_kv_prereq_33-notetaker-1"  # not its scenario's first: it hands back the memory it is given
+
+
+def _memory_verdicts(client, stop) -> dict:
+    """Memory prerequisites given ``MEMORY_SNAPSHOT``, evaluated and released, over and over: each verdict (kept for
+    a retried evaluate) carries the memory. Before, each was kept as Python objects (~7 MiB), 2,048 a client; now as
+    its JSON, within 64 MiB a client."""
+    finished = 0
+    while not stop.is_set():
+        iid = client.create(MEMORY_PREREQ, "validate", memory_snapshot=MEMORY_SNAPSHOT)["instance_id"]
+        client.evaluate(iid, release=True)
+        finished += 1
+    return {"memory verdicts kept for retries": finished}
+
+
+CPU_BUDGET_S = 2.0  # the episode CPU budget of WORKER_ATTACKS' service, where the class below runs
+CHEAP_DOUBLINGS = 16  # a find over 2**16 aliased entries: well within the call and message budgets, every time
+
+
+def _cheap_calls_summed(client, stop) -> dict:
+    """Episodes whose every message runs a ``find`` within every per-call and per-message budget, sent until each
+    episode ends: with ``--episode-cpu-budget-s 2`` each ends after ~2 s of a worker's CPU; before, after
+    ``max_steps`` messages (up to 100 message budgets of a worker)."""
+    ended = messages = 0
+    while not stop.is_set():
+        iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+        for message in aliasing_messages(CHEAP_DOUBLINGS):
+            client.step(iid, message)
+        while not stop.is_set():
+            reply = client.step(iid, _call("find", path="."))
+            messages += 1
+            if reply["terminated"]:
+                ended += reply["info"]["error_type"] == "limit_exceeded"
+                break
+        client.release(iid)
+    return {"attacker messages": messages, "attacker episodes ended by their CPU budget": ended}
+
+
 PASSING_TASK = "multi_turn_base_2"
 WEB_TASK = "web_search_base_0"
 OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an OOD episode with a scratch folder
@@ -746,12 +905,19 @@ ATTACKS = {
     "2 MiB bodies that never finish": _bodies_in_flight,
     "4 run ids of one client fill the service": _run_ids_fill_the_service,
     "another client finishes more episodes than a client keeps": _finished_episodes_flood,
+    "answers never read": _answers_never_read,
+    "creates abandoned by their client": _abandoned_creates,
+    "header abuse before authentication": _header_abuse,
+    "memory verdicts kept for retries": _memory_verdicts,
 }
 #: Attacks that need a service of their own (flags): workers killed by an episode, or from outside.
 WORKER_ATTACKS = {
     "its episode kills its worker": _kills_its_worker,
     "workers killed from outside": _outside_kills,
     "slow episodes beside a killed worker": _slow_episodes_and_a_killer,
+    # on the same service, whose episodes have a small CPU budget (``CPU_BUDGET_S``): the slow episodes above end by it
+    # now and then and are replaced, which changes nothing they measure
+    "an episode's many cheap calls": _cheap_calls_summed,
 }
 
 
@@ -860,7 +1026,15 @@ def innocent_under_attacks(
     if worker_attacks:
         # No grace, and room for the find to run into its time budget rather than its memory budget: each such
         # message leaves its worker past the deadline, so the worker is killed (and its innocent episodes rebuilt).
-        with ServiceProcess(*flags, "--worker-grace-s", "0", "--call-memory-mib", "4096") as service:
+        worker_flags = (
+            "--worker-grace-s",
+            "0",
+            "--call-memory-mib",
+            "4096",
+            "--episode-cpu-budget-s",
+            str(CPU_BUDGET_S),
+        )
+        with ServiceProcess(*flags, *worker_flags) as service:
             figures.update(
                 {name: _innocent_during(service, attack, ids, min_s) for name, attack in worker_attacks.items()}
             )
@@ -1103,6 +1277,38 @@ def _stopped_worker_line(s: dict) -> str:
     )
 
 
+#: One tree's HTTP@32 replay of the held-out split, run in that tree (``side_by_side``): best of two after a warm-up.
+_ONE_TREE = r"""
+import importlib.util, json
+spec = importlib.util.spec_from_file_location("tree_benchmark", "benchmarks/env_service.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+ids = bench.tasks.task_ids("heldout")
+with bench.ServiceProcess() as service, bench.EnvClient(service.url, pool_size=32) as client:
+    bench.replay.replay_split(client, ids[:16], concurrency=8)
+    runs = [bench.timed_replay(client, ids, 32) for _ in range(2)]
+print(json.dumps({"eps": max(r["eps"] for r in runs), "ok": all(r["ok"] for r in runs)}))
+"""
+
+
+def side_by_side(other: str, rounds: int) -> dict:
+    """HTTP@32 episodes/s of this tree and of ``other`` (another checkout, e.g. ``git worktree add /tmp/base REV``),
+    alternating ``rounds`` times in one run, so both see the same machine load."""
+    trees = {"this tree": str(REPO), "other tree": str(Path(other).resolve())}
+    eps: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": tree}
+            out = subprocess.run([sys.executable, "-c", _ONE_TREE], cwd=tree, env=env, capture_output=True, text=True)
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            if not result["ok"]:
+                raise RuntimeError(f"{name}'s replay had errors")
+            eps[name].append(result["eps"])
+            print(f"  {name}: HTTP@32 {result['eps']:.1f} episodes/s", flush=True)
+    means = {name: statistics.mean(values) for name, values in eps.items()}
+    return {"eps": eps, "means": means, "ratio": means["this tree"] / means["other tree"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 tasks, memory after 50 vs 200 episodes")
@@ -1114,7 +1320,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CLASS",
         help="measure only this attack class of the innocent-client run (5.), one of: " + "; ".join(classes),
     )
+    parser.add_argument(
+        "--side-by-side",
+        metavar="OTHER_TREE",
+        help="only compare HTTP@32 throughput with another checkout (e.g. git worktree add /tmp/base REV), alternating",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of --side-by-side (3)")
     args = parser.parse_args(argv)
+    if args.side_by_side:
+        compared = side_by_side(args.side_by_side, args.rounds)
+        print(
+            f"HTTP@32 mean: this tree {compared['means']['this tree']:.1f}, other tree "
+            f"{compared['means']['other tree']:.1f} episodes/s; this / other {compared['ratio']:.3f}"
+        )
+        return 0
     figures = run(args.quick, args.only)
     print(attacks_report(figures["attacks"]) if args.only else report(figures))
     if args.json:

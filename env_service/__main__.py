@@ -110,6 +110,8 @@ def cmd_serve(args) -> int:
             "max_run_ids_per_peer",
             "max_pipelined_requests",
             "max_body_bytes_in_flight",
+            "write_timeout_s",
+            "max_answer_bytes_in_flight",
         )
         if getattr(args, name) is not None
     }
@@ -142,15 +144,19 @@ def cmd_serve(args) -> int:
 
 def _exit_with_owner(parent_pid: int, secret_file: str | None) -> None:
     """A service started for one process's run: it ends with that process, and takes the run's secret file along
-    (the owner cannot remove it when it was SIGKILLed)."""
-    from env_service.workers.parent_watch import exit_with_parent
+    (the owner cannot remove it when it was SIGKILLed). Refused at once when that process cannot be watched (it is not
+    there): a service that cannot tell when its run ends must not start as if it could."""
+    from env_service.workers.parent_watch import CannotWatch, exit_with_parent
 
     def remove_secret() -> None:
         if secret_file:
             with contextlib.suppress(OSError):
                 os.unlink(secret_file)
 
-    exit_with_parent(parent_pid, on_exit=remove_secret)
+    try:
+        exit_with_parent(parent_pid, on_exit=remove_secret)
+    except CannotWatch as error:
+        raise CliError(f"--parent-pid {parent_pid}: {error}") from None
 
 
 def cmd_prompt(args) -> int:
@@ -352,8 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--parent-pid",
         type=int,
-        help="the process this service was started for (the launcher passes its own): when it is gone, the service "
-        "and its workers exit and --secret-file is removed",
+        help="the process this service was started for (the launcher passes its own): when that process is gone (it "
+        "is watched itself, by a pidfd or its start time, whatever wraps this service), the service and its workers "
+        "exit and --secret-file is removed; refused at start when there is no such process",
     )
     # HTTP limits: unset flags keep env_service.http.limits.HttpLimits' defaults
     serve.add_argument("--max-header-bytes", type=int, help="request line + headers, bytes (431 beyond; 64 KiB)")
@@ -387,6 +394,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="declared request bodies and held-back pipelined bytes of all connections together; waiting ones are "
         "shed to make room, else 503 before the body is read (64 MiB)",
+    )
+    serve.add_argument(
+        "--write-timeout-s",
+        type=float,
+        help="an answer must be taken by its client within this long of being written, else the connection is "
+        "dropped (reset) (30 s)",
+    )
+    serve.add_argument(
+        "--max-answer-bytes-in-flight",
+        type=int,
+        help="answer bytes held for clients that have not taken them, all connections together; beyond, the "
+        "connections holding theirs the longest are dropped (64 MiB)",
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -93,6 +93,13 @@ class OwnerMemoryExceeded(ManagerError):
     status, code = 429, "owner_memory_exceeded"
 
 
+class ClientGone(ManagerError):
+    """The client that sent the request disconnected before its work started (``env_service.abandon``); no one reads
+    the answer, which says so for the log."""
+
+    status, code = 499, "client_gone"
+
+
 class EpisodeFailure(ManagerError):
     """An unexpected exception inside an episode (a bug on our side; logged with its traceback)."""
 
@@ -108,6 +115,7 @@ class EpisodeLost(ManagerError):
 __all__ = [
     "BadRequest",
     "CapacityExceeded",
+    "ClientGone",
     "Conflict",
     "CreateInProgress",
     "EpisodeBusy",

@@ -51,6 +51,11 @@ def test_benchmark_quick_runs(tmp_path):
         "its episode kills its worker",
         "workers killed from outside",
         "slow episodes beside a killed worker",
+        "answers never read",
+        "creates abandoned by their client",
+        "header abuse before authentication",
+        "memory verdicts kept for retries",
+        "an episode's many cheap calls",
         "a stopped (SIGSTOP) worker",
         "RSS ratio",
     ):
@@ -72,6 +77,8 @@ def test_benchmark_quick_runs(tmp_path):
     refused, fetches = map(int, web["fetches refused"].split("/"))
     assert web["connections to refused targets"] == 0 and refused == fetches > 0
     assert classes["its episode kills its worker"]["attack_figures"]["attacker episodes lost with their worker"] > 0
+    abuse = classes["header abuse before authentication"]["attack_figures"]
+    assert abuse["abusive requests"] > 0 and abuse["taken as requests"] == abuse["smuggled requests run"] == 0
     # the innocent's requests go first on the workers: it waits for the running message, not the 8 queued on each
     # worker (before: p99 ~12x the budget); bound generous for a busy machine
     assert classes["16 episodes with budget-busting messages queued"]["p99_over_budget"] < 4

@@ -179,8 +179,8 @@ def test_another_client_finishing_many_episodes_keeps_the_innocents_verdict(serv
             flood.evaluate(flooded[0], release=True)
         assert evicted.value.status == 404
         assert flood.evaluate(flooded[-1], release=True)["task_id"] == TASK  # its latest are kept
-        kept = service.manager._evaluated
-        assert len(kept[f"addr:{other_client_address}"]) == LIMITS.evaluations_kept_per_client
+        kept = service.manager._verdicts
+        assert kept.count_of(f"addr:{other_client_address}") == LIMITS.evaluations_kept_per_client
 
 
 # -- a create retried while its original runs -------------------------------------------------------------
@@ -222,7 +222,7 @@ def test_when_all_clients_together_keep_too_many_verdicts_the_biggest_holder_los
     flooded = {client: [finish(client)[0] for _ in range(4)] for client in ("flood-a", "flood-b")}
     # before: one pool, oldest first: the innocent's went first
     assert manager.evaluate(innocent, release=True, owner="innocent") == verdict
-    kept = {client: len(manager._evaluated.get(client, ())) for client in ("innocent", "flood-a", "flood-b")}
+    kept = {client: manager._verdicts.count_of(client) for client in ("innocent", "flood-a", "flood-b")}
     assert kept == {"innocent": 1, "flood-a": 3, "flood-b": 2}  # the two floods gave up their oldest, in turn
     with pytest.raises(UnknownInstance):  # the first flood's oldest
         manager.evaluate(flooded["flood-a"][0], release=True, owner="flood-a")

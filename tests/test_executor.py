@@ -478,18 +478,18 @@ def test_time_and_memory_budgets_stop_a_call_and_free_what_it_built():
     assert resident_bytes() > 0
 
 
-def test_state_size_counts_shared_objects_once_and_stops_at_its_limit():
-    from env_service.bfcl.executor import state_size
+def test_measured_bytes_counts_shared_objects_once_and_stops_at_its_limit():
+    from env_service.sizes import measured_bytes
 
     shared = ["y" * 1000]
-    assert 1000 < state_size({"a": shared, "b": shared}, 10**6) < 2000
+    assert 1000 < measured_bytes({"a": shared, "b": shared}, 10**6) < 2000
     cycle: list = []
     cycle.append(cycle)
-    assert state_size(cycle, 10**6) < 1000
+    assert measured_bytes(cycle, 10**6) < 1000
     chain = None
     for _ in range(100_000):
         chain = [chain, "z" * 10]
-    assert 10_000 < state_size(chain, 10_000) < 10_200  # the walk stops right after the limit
+    assert 10_000 < measured_bytes(chain, 10_000) < 10_200  # the walk stops right after the limit
 
 
 def test_time_limit_gives_an_outer_alarm_back():

@@ -281,11 +281,15 @@ class ServiceLimits(_Block):
     call_memory_mib: int = _opt(256, _int(minimum=1))  # resident memory one call may add
     worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none
     max_steps: int = _opt(100, _int(minimum=1))
+    # CPU seconds all of one episode's messages may use together (reading them and running their calls), however
+    # cheap each is: beyond, the next message gets a limit text and the episode ends. A ground-truth episode uses well
+    # under 0.1 s; without it one episode could use max_steps x message_budget_s (500 s) of a worker.
+    episode_cpu_budget_s: float = _opt(30.0, _float(0.001))
     max_calls_per_message: int = _opt(64, _int(minimum=1))
     max_reply_bytes: int = _opt(128 * 1024, _int(minimum=256))
     max_errors_per_message: int = _opt(8, _int(minimum=1))  # parse errors shown and kept per message
     # What one episode keeps between messages (records: accepted calls' arguments, kept results, errors,
-    # its prompt), measured like the state (executor.state_size); beyond it the episode ends with a text.
+    # its prompt), measured like the state (env_service.sizes.measured_bytes); beyond it the episode ends with a text.
     max_episode_bytes: int = _opt(16 * 1024 * 1024, _int(minimum=64 * 1024))
     max_state_bytes: int = _opt(8 * 1024 * 1024, _int(minimum=1024))
     # What all the live episodes of one client keep together (a client is its address, ``peer_key``, whatever run ids
@@ -301,6 +305,14 @@ class ServiceLimits(_Block):
     # client keeping the most goes), so a client finishing thousands of episodes evicts its own verdicts, not others'.
     evaluations_kept_per_client: int = _opt(2048, _int(minimum=1))
     evaluations_kept: int = _opt(4096, _int(minimum=1))
+    # The same verdicts in bytes (kept as their JSON, measured): a ground-truth verdict is ~2 KB, so 2,048 of a client
+    # keep ~4 MiB; an OOD memory prerequisite's carries its snapshot (up to 1 MiB), so a client keeps 64 of those.
+    evaluation_bytes_kept_per_client: int = _opt(64 * 1024 * 1024, _int(minimum=1024 * 1024))
+    evaluation_bytes_kept: int = _opt(256 * 1024 * 1024, _int(minimum=1024 * 1024))
+    # Failure profiles of the runs of one client, and of all runs, in bytes (kept as their JSON): at most 1 MiB each
+    # (manager.MAX_PROFILE_BYTES), so a client's 16 run ids fit, and the 64 runs kept at once.
+    profile_bytes_kept_per_client: int = _opt(16 * 1024 * 1024, _int(minimum=1024 * 1024))
+    profile_bytes_kept: int = _opt(64 * 1024 * 1024, _int(minimum=1024 * 1024))
     idle_timeout_s: float = _opt(600.0, _float(0.0))
     reclaim_interval_s: float = _opt(15.0, _float(0.01))
 

@@ -16,13 +16,14 @@ assistant message with exactly one message:
 Limits (:class:`~env_service.bfcl.config.ServiceLimits`; every refusal is a text the model reads):
 
 * a message with more than ``max_calls_per_message`` calls is refused like a parse error (nothing runs);
-* the step after ``max_steps`` is answered with a limit text and ends the episode;
+* the step after ``max_steps``, or after the episode's messages used ``episode_cpu_budget_s`` of CPU together, is
+  answered with a limit text and ends the episode;
 * each call runs under ``call_budget_s`` and ``call_memory_mib``, the message's calls together under
   ``message_budget_s``: a call over its budget is stopped (its partial effects stay), later calls of the
   message are skipped, and each gets an ``Error during execution: ...`` result; the verifier tags the turn
   ``budget_exceeded``;
 * the reply is cut to ``max_reply_bytes`` with a marker;
-* after each message the backend state is measured (:func:`~env_service.bfcl.executor.state_size`); above
+* after each message the backend state is measured (:func:`~env_service.sizes.measured_bytes`); above
   ``max_state_bytes`` the reply says so and tool calls are refused for the rest of the episode;
 * every reply reports what the episode keeps (``info["kept_bytes"]``: records and state), which the service adds
   up per owner (``max_owner_bytes``).
@@ -51,12 +52,12 @@ from env_service.bfcl.executor import (
     ToolNotAvailable,
     clip_text,
     clip_texts,
-    state_size,
     time_limit,
 )
 from env_service.bfcl.parser import ParsedMessage, call_problem, parse_assistant, shown_name
 from env_service.bfcl.tasks import Task
 from env_service.bfcl.verifier import TurnRecord, evaluate_episode, over_budget_text
+from env_service.sizes import measured_bytes
 from env_service.vocabulary import (
     EPISODE_MODES,
     ERROR_MARKER,
@@ -98,6 +99,19 @@ def _bounded_errors(errors: list[str], limit: int) -> list[str]:
     return [*errors[:limit], f"... and {len(errors) - limit} more errors in this message"]
 
 
+#: Measured bytes of a task's copy, per task id: every episode holds its own copy (``tasks.load_task`` deep-copies),
+#: and the copies of one task are alike, so each task is measured once per process.
+_TASK_BYTES: dict[str, int] = {}
+#: Measured bytes of an episode's backends before its first message, per (task id, episode class).
+_INITIAL_STATE_BYTES: dict[tuple[str, str], int] = {}
+
+
+def _task_bytes(task: Task) -> int:
+    if task.id not in _TASK_BYTES:
+        _TASK_BYTES[task.id] = measured_bytes(task, leaves=False)  # its strings are the original's
+    return _TASK_BYTES[task.id]
+
+
 def _first_user_content(turn: list) -> str:
     """Content of the first ``user`` message of a question turn ("" if none, like the released environment)."""
     for message in turn or []:
@@ -134,6 +148,7 @@ class Episode:
         self._turn = 0  # index of the user turn the model is answering
         self._records: list[TurnRecord] = [TurnRecord(calls=[], exec_results=[])]
         self._num_steps = 0
+        self._cpu_s = 0.0  # CPU seconds its messages used together (episode_cpu_budget_s)
         self._terminated = False
         self._kept_bytes = 0  # what this episode keeps between messages (records), see _keeps
         self._state_bytes = 0  # its backend state as last measured (_check_state)
@@ -149,7 +164,10 @@ class Episode:
             "capability_cues": bool(cues),
             "capability_cue_lines": cues.count("\n- ") if cues else 0,
         }
-        self._kept_bytes = state_size([self._system, self.initial_messages()], self.limits.max_episode_bytes)
+        # What it holds from its creation, measured: its own copy of the task, its prompt, its backends' state (an
+        # idle episode once counted only its prompt: ~25 KB of the ~150 KB it held in its worker and the service).
+        self._held_bytes = _task_bytes(task) + measured_bytes(self._held())
+        self._state_bytes = self._initial_state_bytes()
         self.info["kept_bytes"] = self.kept_bytes
 
     # -- public API -----------------------------------------------------------------------------
@@ -160,10 +178,29 @@ class Episode:
 
     @property
     def kept_bytes(self) -> int:
-        """What the episode keeps now: its records and its backend state as last measured. Every reply reports it
-        (``info["kept_bytes"]``, the creation's info too), so the service totals an owner's episodes
-        (``max_owner_bytes``) without asking the worker that holds them."""
-        return self._kept_bytes + self._state_bytes
+        """What the episode keeps now: its task and prompt, its records, its backend state as last measured, and
+        files of its own (``_disk_bytes``). Every reply reports it (``info["kept_bytes"]``, the creation's info too),
+        so the service totals an owner's episodes (``max_owner_bytes``) without asking the worker that holds them."""
+        return self._held_bytes + self._kept_bytes + self._state_bytes + self._disk_bytes()
+
+    def _held(self) -> list:
+        """What the episode holds for its whole life beside its task, records and backends (measured at creation)."""
+        return [self._system]
+
+    def _disk_bytes(self) -> int:
+        """Bytes of files the episode keeps (none: the multi-turn backends keep their files in memory)."""
+        return 0
+
+    def _initial_state_bytes(self) -> int:
+        """Its backends' state before the first message: fresh copies of the task's, alike for every episode of the
+        task, so measured once per task (and backend flavour) in a process."""
+        key = (self.task.id, type(self).__name__)
+        if key not in _INITIAL_STATE_BYTES:
+            _INITIAL_STATE_BYTES[key] = measured_bytes(dict(self._session.instances))
+        return _INITIAL_STATE_BYTES[key]
+
+    def _measured_state(self) -> int:
+        return measured_bytes(dict(self._session.instances), self.limits.max_state_bytes)
 
     @property
     def turn(self) -> int:
@@ -198,12 +235,21 @@ class Episode:
             )
         self._num_steps += 1
         if self._num_steps > self.limits.max_steps:
-            self._terminated = True
-            text = (
-                f"{ERROR_MARKER} This episode reached its limit of {self.limits.max_steps} messages and has "
-                f"ended; nothing in the last message was run."
-            )
-            return self._reply(text, terminated=True, error_type=STEP_LIMIT_EXCEEDED)
+            return self._end(f"reached its limit of {self.limits.max_steps} messages")
+        if self._cpu_s > self.limits.episode_cpu_budget_s:
+            return self._end(f"used its CPU time budget of {self.limits.episode_cpu_budget_s:g} s")
+        started = time.thread_time()  # the CPU of this thread: the message's reading and calls run here
+        try:
+            return self._step(assistant_text)
+        finally:
+            self._cpu_s += time.thread_time() - started
+
+    def _end(self, why: str) -> StepResult:
+        self._terminated = True
+        text = f"{ERROR_MARKER} This episode {why} and has ended; nothing in the last message was run."
+        return self._reply(text, terminated=True, error_type=STEP_LIMIT_EXCEEDED)
+
+    def _step(self, assistant_text: str) -> StepResult:
         deadline = time.monotonic() + self.limits.message_budget_s  # reading the message and its calls share it
         parsed = self._parse(assistant_text)
         if parsed is None:
@@ -316,7 +362,7 @@ class Episode:
         budget, the results at ``max_reply_bytes`` until they are known (``_execute`` settles it); False when they
         do not fit (then nothing of the message is run or kept)."""
         limit = self.limits.max_episode_bytes
-        cost = state_size(arguments, max(limit - self._kept_bytes, 0)) + self.limits.max_reply_bytes
+        cost = measured_bytes(arguments, max(limit - self._kept_bytes, 0)) + self.limits.max_reply_bytes
         if self._kept_bytes + cost > limit:
             return False
         self._kept_bytes += cost
@@ -447,7 +493,7 @@ class Episode:
         limit = self.limits.max_state_bytes
         if self._tools_refused:  # the state no longer changes
             return ""
-        self._state_bytes = state_size(dict(self._session.instances), limit)
+        self._state_bytes = self._measured_state()
         if self._state_bytes <= limit:
             return ""
         self._tools_refused = (

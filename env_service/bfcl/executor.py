@@ -186,40 +186,6 @@ def clip_texts(texts: list[str], max_bytes: int) -> list[str]:
     return clipped
 
 
-_NODE_BYTES = 64  # a rough per-object overhead: makes a state of many tiny objects count for something
-_SCALAR_BYTES = 8
-
-
-def state_size(root: Any, limit: int) -> int:
-    """Approximate bytes ``root`` keeps alive (each object counted once); the walk stops above ``limit``.
-
-    The walk visits at most ``limit / 64`` objects, so measuring a huge state costs no more than a small one.
-    """
-    total, stack, seen = 0, [root], set()
-    while stack and total <= limit:
-        value = stack.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if isinstance(value, (str, bytes)):
-            total += _NODE_BYTES + len(value)
-        elif isinstance(value, dict):
-            total += _NODE_BYTES + _SCALAR_BYTES * len(value)
-            stack.extend(value.keys())
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            total += _NODE_BYTES + _SCALAR_BYTES * len(value)
-            stack.extend(value)
-        elif value is None or isinstance(value, (bool, int, float)):
-            total += _SCALAR_BYTES
-        else:
-            total += _NODE_BYTES
-            attributes = getattr(value, "__dict__", None)
-            if isinstance(attributes, dict):
-                stack.append(attributes)
-    return total
-
-
 # ---------------------------------------------------------------------------------------------
 # Backend instances
 # ---------------------------------------------------------------------------------------------

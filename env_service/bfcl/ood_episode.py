@@ -26,6 +26,7 @@ Train mode is refused: these tasks are never trained on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -45,9 +46,11 @@ from env_service.bfcl.ood_tasks import (
     OodTask,
     is_ood_task,
     load_ood_task,
+    shared_ood_task,
     unavailable_reason,
 )
 from env_service.bfcl.scratch import scratch_root
+from env_service.sizes import measured_bytes
 from env_service.vocabulary import MODE_TRAIN, MODE_VALIDATE, STEP_PARSE_ERROR
 
 #: bfcl's error type when no message without a tool call exists (``_evaluate_single_agentic_entry``).
@@ -180,6 +183,21 @@ class OodEpisode(Episode):
     def _active(self, block) -> bool:
         return False  # the original interface: no train-only feature ever applies
 
+    def _held(self) -> list:
+        return [*super()._held(), self._snapshot_in]  # the memory it started from, as Python objects
+
+    def _initial_state_bytes(self) -> int:
+        return self._measured_state()  # the memory it was given: its own
+
+    def _disk_bytes(self) -> int:
+        """The files in its scratch folder (the memory it was given, bfcl's flushes), measured as they are now."""
+        total = 0
+        for folder, _, names in os.walk(self._scratch):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(folder, name)).st_size
+        return total
+
     def _open_session(self) -> BackendSession:
         task: OodTask = self.task
         if task.backend == "MemoryAPI_vector":
@@ -235,8 +253,10 @@ class OodEpisode(Episode):
         instance = self._session.instances[task.backend]
         instance._flush_memory_to_local_file()
         with open(instance.latest_snapshot_file, encoding="utf-8") as f:
-            self._snapshot_out = json.load(f)
-        return self._snapshot_out
+            snapshot = json.load(f)
+        self._held_bytes += measured_bytes(snapshot) - measured_bytes(self._snapshot_out)  # the one it hands back
+        self._snapshot_out = snapshot
+        return snapshot
 
     def evaluate(self, reward_cfg: RewardConfig | None = None) -> dict:
         task: OodTask = self.task
@@ -287,9 +307,12 @@ class OodEpisode(Episode):
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def load_any_task(task_id: str):
-    """A multi-turn :class:`~env_service.bfcl.tasks.Task` or an :class:`OodTask` (KeyError for unknown ids)."""
-    return load_ood_task(task_id) if is_ood_task(task_id) else tasks.load_task(task_id)
+def load_any_task(task_id: str, shared: bool = False):
+    """A multi-turn :class:`~env_service.bfcl.tasks.Task` or an :class:`OodTask` (KeyError for unknown ids): a fresh
+    deep copy, or with ``shared`` the table's own, for reading only (a deep copy costs milliseconds)."""
+    if is_ood_task(task_id):
+        return shared_ood_task(task_id) if shared else load_ood_task(task_id)
+    return tasks.shared_task(task_id) if shared else tasks.load_task(task_id)
 
 
 def new_episode(

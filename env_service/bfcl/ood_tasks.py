@@ -169,6 +169,11 @@ def load_ood_task(task_id: str) -> OodTask:
     return copy.deepcopy(task)
 
 
+def shared_ood_task(task_id: str) -> OodTask:
+    """The table's own copy of the task, not a deep copy: for reading only. KeyError for an unknown id."""
+    return _tasks(ood_category(task_id))[task_id]
+
+
 def ood_task_ids(category: str, include_prereq: bool = False) -> list[str]:
     """The scored entries of ``category`` in bfcl's order (with ``include_prereq``, the prerequisites too)."""
     return [t.id for t in _tasks(category).values() if include_prereq or t.kind != KIND_PREREQ]
@@ -254,6 +259,7 @@ def unavailable_reason(category: str) -> str | None:
 
 
 __all__ = [
+    "shared_ood_task",
     "EMBEDDING_MODEL",
     "KIND_PREREQ",
     "KIND_QUESTION",

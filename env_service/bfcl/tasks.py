@@ -145,6 +145,12 @@ def load_task(task_id: str) -> Task:
     return copy.deepcopy(task)
 
 
+def shared_task(task_id: str) -> Task:
+    """The task table's own copy of the task, not a deep copy: for reading only (its id, category, turns, tools),
+    never to give an episode. KeyError for unknown ids."""
+    return _all_tasks()[task_id]
+
+
 def all_task_ids(category: str | None = None) -> list[str]:
     """All task ids, category-major then numeric index (optionally one category)."""
     categories = CATEGORIES if category is None else (category,)

@@ -47,6 +47,7 @@ from env_service.bfcl import ood_tasks
 from env_service.bfcl import tasks as tasks_mod
 from env_service.bfcl.config import EnvConfig, RewardConfig, ServiceLimits
 from env_service.bfcl.ood_episode import check_snapshot, evaluate_only_message, load_any_task, new_episode
+from env_service.episodes.kept import KeptBudget, KeptVerdicts
 from env_service.errors import (
     BadRequest,
     CapacityExceeded,
@@ -66,6 +67,7 @@ from env_service.errors import (
     UnknownTask,
 )
 from env_service.json_safe import json_safe
+from env_service.sizes import measured_bytes
 from env_service.vocabulary import EPISODE_MODES, MODE_TRAIN
 from env_service.workers.pool import WorkerBusy, WorkerLost, WorkerPool
 
@@ -185,6 +187,18 @@ class _Slot:
     request_key: tuple | None = None  # (owner, request_id) of the create that started it
     run_id: str | None = None  # whose failure profile it got
     kept_bytes: int = 0  # what it keeps, as its last reply said (info["kept_bytes"]); counted in its client's total
+    fixed_bytes: int = 0  # what the service holds for it from its creation on (see _slot_bytes)
+
+
+def _slot_bytes(slot: _Slot) -> int:
+    """What the service holds for a live episode, measured: its first answer (a retried create gets it again) and the
+    request it was created by (``fixed_bytes``, measured once), its last answer and message (a retried step gets it),
+    and what its handle holds here for an episode in a worker (``RemoteEpisode.held_bytes``: its messages, to rebuild
+    it). An episode in this process counts itself (``info["kept_bytes"]``)."""
+    if not slot.fixed_bytes:
+        slot.fixed_bytes = measured_bytes([slot.initial, slot.fingerprint])
+    held = getattr(slot.episode, "held_bytes", int)()
+    return slot.fixed_bytes + measured_bytes([slot.last_step, slot.last_content]) + held
 
 
 @dataclass
@@ -237,9 +251,16 @@ class EpisodeManager:
         # run id ("" for requests that name none) -> {"profile", "version", "updated_at"}, oldest push first
         self._profiles: OrderedDict[str, dict] = OrderedDict()
         self._profile_version = 0
-        # client -> released instance id -> (reward fingerprint, evaluation, expiry), oldest first; how many in all
-        self._evaluated: dict[str | None, OrderedDict[str, tuple[str, dict, float]]] = {}
-        self._evaluations_kept = 0
+        self._verdicts = KeptVerdicts(  # evaluations of released episodes, for retries
+            KeptBudget(
+                limits.evaluations_kept_per_client,
+                limits.evaluations_kept,
+                limits.evaluation_bytes_kept_per_client,
+                limits.evaluation_bytes_kept,
+                EVALUATION_CACHE_TTL_S,
+            ),
+            clock,
+        )
         self._known_tasks: frozenset[str] | None = None
         self._counts = {
             "created": 0,
@@ -250,6 +271,7 @@ class EpisodeManager:
             "client_errors": 0,
             "episode_failures": 0,
             "episodes_lost": 0,
+            "abandoned": 0,  # episodes created for a client gone before the answer, released at once
         }
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -404,7 +426,8 @@ class EpisodeManager:
             slot = _Slot(
                 instance_id, episode, task_id, mode, fingerprint, initial, now, now, owner=owner, client=client
             )
-            slot.request_key, slot.run_id, slot.kept_bytes = request_key, run_id, info["kept_bytes"]
+            initial["info"]["kept_bytes"] += _slot_bytes(slot)  # what the service holds for it: its answer, its key
+            slot.request_key, slot.run_id, slot.kept_bytes = request_key, run_id, initial["info"]["kept_bytes"]
             self._register(slot)
             return copy.deepcopy(initial)
 
@@ -443,6 +466,8 @@ class EpisodeManager:
             else:
                 episode = new_episode(task, mode, config, profile, self.limits, memory_snapshot)
             messages = episode.initial_messages()
+        except ManagerError:  # its client went while it waited for a worker (ClientGone)
+            raise
         except (WorkerLost, WorkerBusy) as error:  # retrying the create is safe
             raise CapacityExceeded(f"cannot start an episode for {task.id} now ({error}); retry") from None
         except ValueError as error:  # a config combination the episode refuses
@@ -480,8 +505,9 @@ class EpisodeManager:
         return task_id, mode, params
 
     def _load_task(self, task_id: str):
+        """The task: a copy for an episode in this process; with workers (each loads its own), the table's, read only."""
         try:
-            return load_any_task(task_id)
+            return load_any_task(task_id, shared=self._pool is not None)
         except (KeyError, ValueError) as error:
             raise UnknownTask(str(error).strip("'\"")) from None
 
@@ -620,10 +646,11 @@ class EpisodeManager:
                 )
             self._check_client_memory(slot.client)
             result = self._guard("step", slot, self._step_episode, slot, content)
+            slot.last_step, slot.last_content = result, content  # kept for a retry of this step
+            result["info"]["kept_bytes"] += _slot_bytes(slot)
             self._note_kept(slot, result["info"]["kept_bytes"])
             slot.steps += 1
             slot.terminated = bool(result["terminated"])
-            slot.last_step, slot.last_content = result, content
             self._touch(slot)
         finally:
             self._unlock(slot)
@@ -707,46 +734,24 @@ class EpisodeManager:
         if release:
             self._remember_evaluation(client, slot.instance_id, fingerprint, result)
             self.release(instance_id, owner)
-        return copy.deepcopy(result) if release else result
+        return result
 
     def _remember_evaluation(self, client: str | None, instance_id: str, fingerprint: str, result: dict) -> None:
-        """Keep a released episode's evaluation for retries. Each client keeps its own (``evaluations_kept_per_client``,
-        its oldest go first); when all clients together keep ``evaluations_kept``, the oldest of the client keeping
-        the most goes. So a client that finishes thousands of episodes evicts its own verdicts, never an innocent's."""
+        """Keep a released episode's evaluation for retries, among its client's (``KeptVerdicts``: budgets per client
+        and in total, in verdicts and in bytes; a client that finishes thousands of episodes, or keeps huge verdicts,
+        evicts its own, never an innocent's)."""
         with self._lock:
-            self._forget_expired_evaluations()  # of clients that never come back too
-            kept = self._evaluated.setdefault(client, OrderedDict())
-            self._evaluations_kept += instance_id not in kept
-            kept[instance_id] = (fingerprint, result, self._clock() + EVALUATION_CACHE_TTL_S)
-            if len(kept) > self.limits.evaluations_kept_per_client:
-                self._forget_evaluation(client)
-            while self._evaluations_kept > self.limits.evaluations_kept:
-                # the largest holder; among equals the client adding now (it caused the overflow)
-                self._forget_evaluation(max(self._evaluated, key=lambda c: (len(self._evaluated[c]), c == client)))
-
-    def _forget_evaluation(self, client: str | None) -> None:
-        """Drop ``client``'s oldest kept evaluation (call with ``_lock`` held)."""
-        kept = self._evaluated[client]
-        kept.popitem(last=False)
-        self._evaluations_kept -= 1
-        if not kept:
-            del self._evaluated[client]
-
-    def _forget_expired_evaluations(self) -> None:
-        """Drop every kept evaluation past its time (call with ``_lock`` held; each client's are in expiry order)."""
-        now = self._clock()
-        for client in list(self._evaluated):
-            while client in self._evaluated and next(iter(self._evaluated[client].values()))[2] < now:
-                self._forget_evaluation(client)
+            self._verdicts.put(client, instance_id, fingerprint, result)
 
     def _earlier_evaluation(self, client: str | None, instance_id: str, fingerprint: str) -> dict | None:
         """The evaluation a released episode of ``client`` answered with the same reward config, while it is kept."""
         with self._lock:
-            self._forget_expired_evaluations()
-            kept = self._evaluated.get(client, {}).get(instance_id)
-        if kept is None or kept[0] != fingerprint:
-            return None
-        return copy.deepcopy(kept[1])
+            return self._verdicts.get(client, instance_id, fingerprint)
+
+    def unmake(self, created: dict, owner: str | None = None) -> None:
+        """Release the episode a create made for a client that left before its answer (no one knows its id)."""
+        if self.release(created.get("instance_id"), owner):
+            self._count("abandoned")
 
     def release(self, instance_id: Any, owner: str | None = None) -> bool:
         """Forget an episode; False when it was not live (already released or reclaimed)."""
@@ -807,50 +812,68 @@ class EpisodeManager:
 
     # -- failure profile -----------------------------------------------------------------------
 
-    def set_profile(self, profile: Any, run_id: str | None = None) -> dict:
+    def set_profile(self, profile: Any, run_id: str | None = None, client: str | None = None) -> dict:
         """Store a run's failure profile; the run's new TRAIN episodes get it (validation never does).
 
         Profiles are per run (``run_id``; requests naming none share the anonymous one), so one run
-        can never change the prompts of another run's episodes.
+        can never change the prompts of another run's episodes. Each is kept as its JSON bytes and counted against
+        the client that pushed it (``client``, default the run): ``profile_bytes_kept_per_client`` and, all runs
+        together, ``profile_bytes_kept`` (and ``MAX_RUN_PROFILES`` runs).
         """
         if not isinstance(profile, dict):
             raise BadRequest(f"'profile' must be a JSON object, got {type(profile).__name__}")
         try:
-            encoded = json.dumps(profile, allow_nan=False)
+            data = json.dumps(profile, allow_nan=False, ensure_ascii=False).encode("utf-8", "surrogatepass")
         except (ValueError, TypeError, RecursionError) as error:
             raise BadRequest(f"'profile' must be plain JSON (no NaN/Infinity): {error}") from None
-        if len(encoded) > MAX_PROFILE_BYTES:
-            raise PayloadTooLarge(f"profile is {len(encoded)} bytes; the limit is {MAX_PROFILE_BYTES} bytes")
+        if len(data) > MAX_PROFILE_BYTES:
+            raise PayloadTooLarge(f"profile is {len(data)} bytes; the limit is {MAX_PROFILE_BYTES} bytes")
         key = run_id or ""
+        client = client if client is not None else f"run:{key}"
+        size = measured_bytes(data)
         with self._lock:
-            if key not in self._profiles and not self._room_for_profile():
-                raise CapacityExceeded(
-                    f"{MAX_RUN_PROFILES} runs with live episodes hold failure profiles already; retry later"
-                )
-            # Episodes get their own copy (get_profile), so one stored copy is enough.
+            self._make_room_for_profile(key, client, size)
             self._profile_version += 1
             version = self._profile_version
             self._profiles.pop(key, None)
-            self._profiles[key] = {"profile": json.loads(encoded), "version": version, "updated_at": time.time()}
+            self._profiles[key] = {"data": data, "bytes": size, "client": client, "version": version,
+                                   "updated_at": time.time()}  # fmt: skip
         return {"version": version}
 
-    def _room_for_profile(self) -> bool:
-        """Make room for one more run's profile (call with ``_lock`` held): drop the least recently pushed one
-        whose run has no live episodes; never one whose episodes are running (they would lose their cues)."""
-        if len(self._profiles) < MAX_RUN_PROFILES:
-            return True
+    def _make_room_for_profile(self, key: str, client: str, size: int) -> None:
+        """Make room for ``key``'s new profile of ``size`` bytes (call with ``_lock`` held), or raise: the client's
+        other profiles and this one must fit its budget (429); beyond the runs' or bytes' total, the least recently
+        pushed profiles of runs without live episodes are dropped, never one whose episodes run (they would lose their
+        cues; 503 then)."""
+        others = {k: p for k, p in self._profiles.items() if k != key}
+        mine = sum(p["bytes"] for p in others.values() if p["client"] == client)
+        if mine + size > self.limits.profile_bytes_kept_per_client:
+            raise OwnerMemoryExceeded(
+                f"the failure profiles of this client's runs keep {mine} bytes; with this one ({size} bytes) they are "
+                f"over its limit of {self.limits.profile_bytes_kept_per_client} bytes (profile_bytes_kept_per_client)"
+            )
         live_runs = {slot.run_id or "" for slot in self._slots.values()}
-        idle = next((key for key in self._profiles if key not in live_runs), None)
-        if idle is None:
-            return False
-        del self._profiles[idle]
-        return True
+        idle = [k for k in others if k not in live_runs]  # least recently pushed first
+        total = sum(p["bytes"] for p in others.values()) + size
+        dropped = []
+        while (len(others) - len(dropped) >= MAX_RUN_PROFILES or total > self.limits.profile_bytes_kept) and idle:
+            dropped.append(idle.pop(0))
+            total -= others[dropped[-1]]["bytes"]
+        if len(others) - len(dropped) >= MAX_RUN_PROFILES or total > self.limits.profile_bytes_kept:
+            raise CapacityExceeded(
+                f"runs with live episodes hold failure profiles already ({len(others)} runs, {total - size} bytes; "
+                f"limits {MAX_RUN_PROFILES} and profile_bytes_kept {self.limits.profile_bytes_kept}); retry later"
+            )
+        for k in dropped:
+            del self._profiles[k]
 
     def get_profile(self, run_id: str | None = None) -> dict:
         """The run's latest profile: ``{"profile", "version", "updated_at"}`` (None / 0 / None if never pushed)."""
         with self._lock:
-            state = self._profiles.get(run_id or "", {"profile": None, "version": 0, "updated_at": None})
-        return copy.deepcopy(state)
+            state = self._profiles.get(run_id or "")
+        if state is None:
+            return {"profile": None, "version": 0, "updated_at": None}
+        return {"profile": json.loads(state["data"]), "version": state["version"], "updated_at": state["updated_at"]}
 
     # -- stats ---------------------------------------------------------------------------------
 

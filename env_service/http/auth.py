@@ -2,8 +2,9 @@
 
 * The service listens on loopback unless it is given a secret; with a secret, every endpoint but
   ``OPEN_PATHS`` requires ``Authorization: Bearer <secret>`` (checked in constant time).
-* A secret comes from a file (``--secret-file``; readable by its owner only) or the ``SEAL_ENV_SECRET``
-  environment variable, never from a command line (other users can read those in ``ps``).
+* A secret comes from a file (``--secret-file``; readable by its owner only, in a folder no one else may write, never
+  through a symbolic link) or the ``SEAL_ENV_SECRET`` environment variable, never from a command line (other users can
+  read those in ``ps``). The launcher writes the file with :func:`open_secret` too.
 * Each request may name its run (``X-Seal-Run-Id``): failure profiles and per-client limits are kept
   per run, so one run can never change another run's prompts.
 """
@@ -24,16 +25,54 @@ SECRET_ENV = "SEAL_ENV_SECRET"
 OPEN_PATHS = frozenset({"/health", "/healthz"})
 
 
-def read_secret_file(path: str) -> str:
-    """The secret in ``path`` (surrounding whitespace stripped); refused if others may read the file."""
+def check_secret_folder(path: str) -> None:
+    """Refuse a secret file in a folder that another user may write: they could replace the file, or put a link there
+    before it is written (ValueError naming the folder). The folder must be this user's (or root's)."""
+    folder = os.path.dirname(os.path.abspath(path))
     try:
-        mode = os.stat(path).st_mode
-        with open(path, encoding="utf-8") as handle:
-            secret = handle.read().strip()
+        info = os.stat(folder)
     except OSError as error:
-        raise ValueError(f"secret file {path!r}: {error.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"secret file {path!r}: its folder {folder!r}: {error.strerror}") from None
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or info.st_uid not in (os.geteuid(), 0):
+        raise ValueError(
+            f"secret file {path!r}: its folder {folder!r} may be written by other users; keep the secret in a folder "
+            f"only you can write (chmod 700 or 755)"
+        )
+
+
+def check_secret_handle(path: str, fd: int) -> None:
+    """Refuse an open secret file that is not a regular file of this user's, readable by it alone."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"secret file {path!r} is not a regular file")
+    if info.st_uid != os.geteuid():
+        raise ValueError(f"secret file {path!r} belongs to another user")
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"secret file {path!r} is accessible to other users; chmod 600 it")
+
+
+def open_secret(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a secret file where both ends agree: its folder only its user writes, never through a symbolic
+    link at the path itself (``O_NOFOLLOW``: a link there is refused, not followed to wherever it points)."""
+    check_secret_folder(path)
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as error:
+        if os.path.islink(path):
+            raise ValueError(f"secret file {path!r} is a symbolic link; refused (name the file itself)") from None
+        raise ValueError(f"secret file {path!r}: {error.strerror}") from None
+
+
+def read_secret_file(path: str) -> str:
+    """The secret in ``path`` (surrounding whitespace stripped); refused if it is a symbolic link, if others may read
+    it or write its folder, or if it is not this user's regular file."""
+    fd = open_secret(path, os.O_RDONLY)
+    try:
+        check_secret_handle(path, fd)
+        with os.fdopen(fd, encoding="utf-8", closefd=False) as handle:
+            secret = handle.read().strip()
+    finally:
+        os.close(fd)
     if not secret:
         raise ValueError(f"secret file {path!r} is empty")
     return secret
@@ -73,7 +112,10 @@ __all__ = [
     "RUN_ID_HEADER",
     "SECRET_ENV",
     "check_bind",
+    "check_secret_folder",
+    "check_secret_handle",
     "is_loopback",
+    "open_secret",
     "read_secret_file",
     "resolve_secret",
 ]

@@ -93,18 +93,30 @@ class Endpoint:
     response: type[BaseModel] | None = None
     caller: tuple[str, ...] = ()
     reply_key: str | None = None
+    # Whether a request whose client is gone is dropped before its work starts (``env_service.abandon``): a release
+    # is carried out anyway (it frees what the client asked to free, and costs less than keeping the episode).
+    abandonable: bool = True
+    # The manager method that undoes what the request made, for a result no one will read: ``(result, owner)``.
+    undo: str | None = None
 
     def __call__(self, manager: EpisodeManager, body: dict[str, Any], caller: Caller) -> Any:
         result = getattr(manager, self.manager_method)(**body, **{name: getattr(caller, name) for name in self.caller})
         return result if self.reply_key is None else {self.reply_key: result}
 
+    def abandoned(self, manager: EpisodeManager, result: Any, caller: Caller) -> None:
+        """Undo what this request made, its client gone before the answer (an episode created for no one)."""
+        if self.undo is not None and isinstance(result, dict):
+            getattr(manager, self.undo)(result, caller.owner)
+
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("create", "POST", "create", CreateRequest, CreateResponse, caller=("owner", "run_id", "client")),
+    Endpoint(
+        "create", "POST", "create", CreateRequest, CreateResponse, caller=("owner", "run_id", "client"), undo="unmake"
+    ),
     Endpoint("step", "POST", "step", StepRequest, StepResponse, caller=("owner",)),
     Endpoint("evaluate", "POST", "evaluate", EvaluateRequest, caller=("owner", "client")),
-    Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released", caller=("owner",)),
-    Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id",)),
+    Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released", caller=("owner",), abandonable=False),
+    Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id", "client")),
     Endpoint("profile", "GET", "get_profile", caller=("run_id",)),
 )
 

@@ -11,10 +11,17 @@ flight per connection, and one budget for the request bytes all connections hold
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import ipaddress
 import json
+import socket
+import struct
+import termios
 import time
 from dataclasses import dataclass
+
+from env_service.http.auth import AUTH_HEADER, RUN_ID_HEADER
 
 #: Largest request body read at all. The assistant content limit (manager.MAX_CONTENT_BYTES, 256 KiB)
 #: applies after decoding; JSON escapes can inflate text up to 6x, hence the margin.
@@ -63,6 +70,15 @@ class HttpLimits:
     # fit is refused (503) before a byte of it is buffered, once bodies still arriving and held-back bytes (the
     # longest held first) have been shed. At least ``max_body_bytes``.
     max_body_bytes_in_flight: int = 64 * 1024 * 1024
+    # An answer must be taken by its client within this long of being written (the bytes this service holds for it:
+    # in its write buffer and its socket's send queue); else the connection is dropped (reset, so the kernel frees
+    # what it holds at once). A client of ours reads each answer as it comes, in milliseconds; one that never reads
+    # held its answers (and a request in flight) for good.
+    write_timeout_s: float = 30.0
+    # Answer bytes held for all connections together whose clients have not taken them (``AnswersInFlight``); beyond,
+    # the connections holding theirs the longest are dropped first. A client reading its answers holds ~0 of it; 160
+    # connections that each asked for a 1.4 MiB answer and never read held 229 MiB before.
+    max_answer_bytes_in_flight: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.max_body_bytes_in_flight < self.max_body_bytes:
@@ -117,6 +133,22 @@ def _raw_error(status: int, code: str, detail: str) -> bytes:
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode() + body
+
+
+#: Headers a request may carry once: each decides who sends it, for which run, or where its body ends. With two,
+#: each reader may take another (the first, the last, both joined), which is how requests are smuggled past a check
+#: (llhttp itself refuses a second Content-Length, and Transfer-Encoding beside one).
+SINGLE_HEADERS = (b"host", b"content-length", b"transfer-encoding", b"content-type", AUTH_HEADER.encode(),
+                  RUN_ID_HEADER.encode())  # fmt: skip
+
+
+def _duplicated(headers) -> tuple[int, str, str] | None:
+    """The refusal of a request that carries one of ``SINGLE_HEADERS`` twice, or None."""
+    names = [name for name, _ in headers]
+    twice = next((name for name in SINGLE_HEADERS if names.count(name) > 1), None)
+    if twice is None:
+        return None
+    return 400, "duplicate_header", f"the request carries the {twice.decode()} header more than once; send it once"
 
 
 IDLE, ARRIVING, BUSY = "idle", "arriving", "busy"
@@ -178,7 +210,7 @@ class OpenConnections:
                 self.file(connection, peer, BUSY)
                 continue
             self.remove(connection)
-            connection.transport.close()
+            connection.let_go()
             return True
         return False
 
@@ -230,6 +262,85 @@ class BytesInFlight:
             self._held.pop(connection, None)
 
 
+def unsent_bytes(sock) -> int:
+    """Bytes in ``sock``'s kernel send queue (not yet acknowledged by the peer: memory of ours), 0 where unknown."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+class AnswersInFlight:
+    """The answer bytes held for clients that have not taken them, all connections together, within one budget and one
+    time limit (``max_answer_bytes_in_flight``, ``write_timeout_s``).
+
+    What a connection holds is measured (``held_answer_bytes``: its write buffer and its socket's send queue, where the
+    kernel keeps most of an unread answer): at once when its write buffer fills, else at the next sweep after it
+    answered (``answered`` only files it: measuring takes a system call, which would release the interpreter's lock
+    after every answer). One holding nothing is let go; beyond the budget, the connections holding theirs the longest
+    are dropped to make room, among those whose clients took nothing since they were last measured (a connection
+    measured mid-answer, its client reading, is never dropped for room). Sweeps run every quarter of the timeout (at most
+    1 s) while anything is held or answered: a connection whose answers were taken leaves, one that has held answers
+    for ``timeout_s`` since it answered is dropped. Only the event loop touches it: no lock.
+    """
+
+    def __init__(self, budget: int, timeout_s: float, clock=time.monotonic) -> None:
+        self.budget, self.timeout_s, self._clock = budget, timeout_s, clock
+        self.total = 0
+        # connection -> [bytes, holding since, stalled]; insertion order: the longest holding first
+        self._held: dict = {}
+        self._answered: dict = {}  # connection -> when it answered, not measured yet
+        self._sweep = None
+
+    def answered(self, connection) -> None:
+        if connection not in self._held:
+            self._answered.setdefault(connection, self._clock())
+            self._arm(connection.loop)
+
+    def note(self, connection, since: float | None = None) -> None:
+        held = connection.held_answer_bytes()
+        entry = self._held.get(connection)
+        if not held:
+            return self.forget(connection)
+        if entry is None:
+            self._held[connection] = entry = [0, self._clock() if since is None else since, False]
+        else:  # stalled: its client took nothing since it was last measured
+            entry[2] = held >= entry[0]
+        self.total += held - entry[0]
+        entry[0] = held
+        for other, (_, _, stalled) in list(self._held.items()):  # the longest holding first
+            if self.total <= self.budget:
+                break
+            if stalled:  # never one caught mid-answer: a client that reads takes its answer within milliseconds
+                self.forget(other)
+                other.drop("its answers waited longest while the service needed room for others' answers")
+        self._arm(connection.loop)
+
+    def forget(self, connection) -> None:
+        self._answered.pop(connection, None)
+        entry = self._held.pop(connection, None)
+        if entry is not None:
+            self.total -= entry[0]
+
+    def _arm(self, loop) -> None:
+        if self._sweep is None and (self._held or self._answered):
+            self._sweep = loop.call_later(min(1.0, self.timeout_s / 4), self._swept, loop)
+
+    def _swept(self, loop) -> None:
+        self._sweep = None
+        answered, self._answered = self._answered, {}
+        for connection, since in answered.items():
+            self.note(connection, since)
+        now = self._clock()
+        for connection, (_, since, _) in list(self._held.items()):
+            if connection.held_answer_bytes() and now - since > self.timeout_s:
+                self.forget(connection)
+                connection.drop(f"its client did not take its answer within {self.timeout_s:g} s")
+            else:
+                self.note(connection)
+        self._arm(loop)
+
+
 def guarded_protocol(limits: HttpLimits):
     """uvicorn's httptools protocol class with ``limits`` on header bytes, header count, read time, connections
     per client, requests in flight per connection and request bytes in flight (see ``HttpLimits``).
@@ -247,6 +358,7 @@ def guarded_protocol(limits: HttpLimits):
 
     open_connections = OpenConnections()  # one per server, touched only by its event loop
     bytes_in_flight = BytesInFlight(limits.max_body_bytes_in_flight)
+    answers_in_flight = AnswersInFlight(limits.max_answer_bytes_in_flight, limits.write_timeout_s)
     shed_at = max(limits.max_connections - max(limits.max_connections // 16, 1), 1)
 
     class HoldingFlowControl(FlowControl):
@@ -290,6 +402,7 @@ def guarded_protocol(limits: HttpLimits):
             self._disarm_read_timer()
             open_connections.remove(self)
             bytes_in_flight.release(self)
+            answers_in_flight.forget(self)
             self._unparsed, self._parsed, self._held_back = b"", 0, 0
             super().connection_lost(exc)
 
@@ -308,8 +421,39 @@ def guarded_protocol(limits: HttpLimits):
             return bool(self._held_back or self._body_left)
 
         def shed(self, why: str) -> None:
+            self.drop(why)
+
+        def drop(self, why: str) -> None:
+            """Close at once, whatever it holds: not close(), which waits for answers the client may never read; and
+            reset, so the kernel frees the answer bytes in the socket's send queue now rather than after minutes of
+            retries."""
             self.logger.warning("dropped a connection of %s: %s", self.client, why)
-            self.transport.abort()  # not close(): that would wait for answers a pipelining client may never read
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
+
+        def let_go(self) -> None:
+            """Close a connection that waits on its client: gracefully, unless its client has not taken its answers."""
+            if self.held_answer_bytes():
+                self.drop("it was shed with answers its client has not taken")
+            else:
+                self.transport.close()
+
+        def held_answer_bytes(self) -> int:
+            """Answer bytes this connection holds that its client has not taken: its write buffer and send queue."""
+            if self.transport.is_closing():
+                return 0
+            return self.transport.get_write_buffer_size() + unsent_bytes(self.transport.get_extra_info("socket"))
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            answers_in_flight.note(self)
+
+        def timeout_keep_alive_handler(self) -> None:
+            if not self.transport.is_closing():
+                self.let_go()
 
         def _file(self) -> None:
             if not self.transport.is_closing():
@@ -401,6 +545,7 @@ def guarded_protocol(limits: HttpLimits):
             if self._charges:
                 bytes_in_flight.release(self, self._charges.popleft())
             super().on_response_complete()
+            answers_in_flight.answered(self)
             self._file()
             if self._unparsed and not self.transport.is_closing():
                 self.loop.call_soon(self._parse_if_open)
@@ -429,7 +574,7 @@ def guarded_protocol(limits: HttpLimits):
         # A refused request never reaches the app: its remaining parser events are dropped.
         def on_headers_complete(self) -> None:
             if self._refusal is None:
-                self._refusal = self._admit_body()
+                self._refusal = _duplicated(self.headers) or self._admit_body()
             if self._refusal is None:
                 self._in_headers, self._header_bytes = False, 0
                 super().on_headers_complete()
@@ -484,7 +629,7 @@ def guarded_protocol(limits: HttpLimits):
             if self.cycle is None or self.cycle.response_complete:  # nothing of ours is being sent
                 self._refuse(408, "request_timeout", f"the request did not arrive within {limits.read_timeout_s:g} s")
             else:  # dropped, not closed: a close waits for answers the client may never read
-                self.transport.abort()
+                self.drop(f"its next request did not arrive within {limits.read_timeout_s:g} s")
 
         def _refuse(self, status: int, code: str, detail: str) -> None:
             self.logger.warning("refused a request from %s: %s", self.client, detail)
@@ -498,6 +643,7 @@ def guarded_protocol(limits: HttpLimits):
 __all__ = [
     "LOOPBACK_PEER",
     "MAX_BODY_BYTES",
+    "AnswersInFlight",
     "BytesInFlight",
     "HttpLimits",
     "OpenConnections",

@@ -48,6 +48,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from env_service import abandon as abandoned
+from env_service.abandon import Abandon
 from env_service.episodes.manager import EpisodeManager, check_instance_id
 from env_service.errors import ManagerError
 from env_service.http.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
@@ -318,19 +320,71 @@ async def _reclaim_loop(manager: EpisodeManager, limiter) -> None:
             log.exception("idle reclaim failed")
 
 
-async def _run(request: Request, fn, *args):
-    """Run manager work in the worker pool; map errors to clean JSON responses."""
-    manager: EpisodeManager = request.app.state.manager
+async def _run(request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller, free):
+    """Run the endpoint's manager work in a thread; map errors to clean JSON responses.
+
+    The moment the request's client disconnects, what the request holds here (its place among its client's requests in
+    flight) is freed (``free``, called once), and its work is dropped before it starts or while it waits for a worker;
+    work already under way finishes, and what it made for no one is undone (``Endpoint.undo``: an episode created for
+    a client that left is released at once). Before, it kept its slot until the work was done, and the episode lived
+    until the idle reclaim."""
+    abandon = Abandon()
+
+    def client_gone(watch: asyncio.Task) -> None:
+        if not watch.cancelled():
+            abandon.abandon()
+            free()
+
+    watch = asyncio.ensure_future(_disconnected(request))
+    watch.add_done_callback(client_gone)
     try:
-        result = await anyio.to_thread.run_sync(fn, *args, limiter=request.app.state.limiter)
-    except ManagerError as error:
+        result, error = await _in_thread(request, endpoint, manager, body, caller, abandon)
+    finally:
+        watch.cancel()
+    if not abandon.gone:
+        return _response(manager, request, result, error)
+    if error is None and endpoint.undo is not None:  # finished as its client left: its thread may have missed it
+        await anyio.to_thread.run_sync(endpoint.abandoned, manager, result, caller, limiter=request.app.state.limiter)
+    return _error(499, "client_gone", "the client disconnected before its answer")
+
+
+async def _in_thread(
+    request: Request, endpoint: Endpoint, manager: EpisodeManager, body: dict, caller: Caller, abandon: Abandon
+):
+    """``(result, None)`` or ``(None, error)`` of the endpoint's work, run in a thread for the request ``abandon``
+    follows (the pool's waits see it); what it made is undone there if its client left while it ran (an undo is
+    idempotent: a second release of an episode finds it gone)."""
+
+    def call():
+        with abandoned.working_for(abandon):
+            if endpoint.abandonable:
+                abandoned.check()
+            result = endpoint(manager, body, caller)
+        if abandon.gone:
+            endpoint.abandoned(manager, result, caller)
+        return result
+
+    try:
+        return await anyio.to_thread.run_sync(call, limiter=request.app.state.limiter), None
+    except Exception as error:  # noqa: BLE001 - answered by _response
+        return None, error
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the request's client has disconnected (the body has been read: nothing else arrives)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _response(manager: EpisodeManager, request: Request, result, error: Exception | None):
+    if error is None:
+        return SafeJSONResponse(result)
+    if isinstance(error, ManagerError):
         if error.status < 500:
             manager.note_client_error()
         return _error(error.status, error.code, error.message)
-    except Exception:  # noqa: BLE001 - logged here; the client sees no internals
-        log.exception("unexpected error in %s", request.url.path)
-        return _error(500, "internal_error", "internal server error; see the service log")
-    return SafeJSONResponse(result)
+    log.error("unexpected error in %s", request.url.path, exc_info=error)  # the client sees no internals
+    return _error(500, "internal_error", "internal server error; see the service log")
 
 
 def _route(manager: EpisodeManager, endpoint: Endpoint):
@@ -352,12 +406,20 @@ def _route(manager: EpisodeManager, endpoint: Endpoint):
                 f"{limit} requests of this client (all its run ids) are in flight already; wait",
             )
         in_flight[caller.client] += 1
+        holding = True
+
+        def free() -> None:  # once: when the answer is ready, or when the client leaves before it
+            nonlocal holding
+            if holding:
+                holding = False
+                in_flight[caller.client] -= 1
+                if not in_flight[caller.client]:
+                    del in_flight[caller.client]
+
         try:
-            return await _run(request, endpoint, manager, {} if body is None else dict(body), caller)
+            return await _run(request, endpoint, manager, {} if body is None else dict(body), caller, free)
         finally:
-            in_flight[caller.client] -= 1
-            if not in_flight[caller.client]:
-                del in_flight[caller.client]
+            free()
 
     parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)]
     if endpoint.body is not None:  # FastAPI reads the body model from the signature

@@ -15,11 +15,14 @@ takes several half-lives to decay below an innocent client's.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
 import time
 from collections.abc import Hashable
+
+from env_service.abandon import Abandon
 
 #: How fast past usage is forgiven: long enough that an owner's heavy requests weigh on many of its next ones,
 #: short enough that a run that was busy a minute ago competes on equal terms again.
@@ -88,17 +91,18 @@ class FairGate:
             self._held = True
             return True
 
-    def acquire(self, owner: Hashable = None, timeout: float | None = None) -> bool:
+    def acquire(self, owner: Hashable = None, timeout: float | None = None, abandon: Abandon | None = None) -> bool:
+        """True once held; False after ``timeout``, or as soon as ``abandon`` says the request's client is gone."""
         waiter = _Waiter(owner)
         with self._lock:
             if not self._held:
                 self._held = True
                 return True
             self._waiters.append(waiter)
-        if waiter.event.wait(timeout):
-            return True
+        with abandon.wakes(waiter.event) if abandon is not None else contextlib.nullcontext():
+            waiter.event.wait(timeout)
         with self._lock:
-            if waiter.granted:  # handed over just as the wait timed out: ours after all
+            if waiter.granted:  # handed over (perhaps just as the wait ended): ours after all
                 return True
             self._waiters.remove(waiter)
             return False

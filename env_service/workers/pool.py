@@ -58,10 +58,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from env_service import abandon as abandoned
 from env_service.bfcl import tasks
 from env_service.bfcl.config import ServiceLimits
 from env_service.bfcl.ood_episode import load_any_task, new_episode
 from env_service.bfcl.scratch import SCRATCH_ENV, make_scratch_root
+from env_service.sizes import measured_bytes
 from env_service.workers.fair_gate import FairGate, Usage
 from env_service.workers.parent_watch import exit_with_parent
 
@@ -471,10 +473,16 @@ class WorkerPool:
         tried once more (see ``_exchange``)."""
         handle = target if isinstance(target, RemoteEpisode) else None
         retried = False
+        # A request whose client is gone stops waiting for the worker, and is not sent once it gets it; a close
+        # always goes on (the manager has let go of the episode already: only the close frees it here).
+        abandon = abandoned.current() if op != "close" else None
         while True:
-            if not worker.gate.acquire(owner, timeout=QUEUE_TIMEOUT_S):
+            if not worker.gate.acquire(owner, timeout=QUEUE_TIMEOUT_S, abandon=abandon):
+                abandoned.check()
                 raise WorkerBusy(f"the episode's worker stayed busy for {QUEUE_TIMEOUT_S:.0f} s")
             try:
+                if abandon is not None:
+                    abandoned.check()
                 held_since = time.monotonic()
                 self._replace_if_exited(worker)
                 if worker.generation != (handle._generation if handle is not None else target):
@@ -526,6 +534,7 @@ class WorkerPool:
                 raise
         handle = RemoteEpisode(self, worker, generation, key, messages, info, owner)
         handle._create_args, handle._create_s, handle._cost_s = args, seconds, seconds
+        handle._own_bytes = measured_bytes([messages, info, args])  # what it holds here from its creation
         with self._state:
             if key in worker.episodes:  # not lost while it was being created
                 worker.episodes[key] = handle
@@ -748,8 +757,9 @@ class RemoteEpisode:
 
     It keeps what a replay needs (the create arguments, each accepted message with a fingerprint of its reply)
     while that stays within ``max_episode_bytes``; beyond, the episode is not rebuilt if its worker is lost. Each
-    reply's ``info["kept_bytes"]`` (what the episode keeps in its worker) gets the messages counted here added, so
-    that it says what the episode costs both processes. Its replay's budget is its own: ``replay_budget_s()``.
+    reply's ``info["kept_bytes"]`` says what the episode keeps in its worker; the manager adds what is held here
+    (:meth:`held_bytes`) and what it holds for the episode, so that their sum says what the episode costs both
+    processes. Its replay's budget is its own: ``replay_budget_s()``.
     """
 
     def __init__(self, pool: WorkerPool, worker: _Worker, generation: int, key: str, messages, info, owner=None):
@@ -761,6 +771,7 @@ class RemoteEpisode:
         self._create_args: tuple = ()
         self._history: list[tuple[str, str, float]] = []  # (message, fingerprint of its reply, worker seconds)
         self._history_bytes = 0
+        self._own_bytes = 0
         self.replayable = True
         self.lost_reason: str | None = None
         self._create_s = 0.0  # worker seconds its create took
@@ -790,15 +801,20 @@ class RemoteEpisode:
         )
         self.terminated = result.terminated
         self._remember(assistant_text, result, seconds)
-        result.info["kept_bytes"] += self._history_bytes
         return result
 
+    def held_bytes(self) -> int:
+        """What is held here for the episode, measured (the manager adds it to what it holds for the episode itself):
+        its first messages and create arguments (the memory snapshot it may replay, too) and the messages it keeps."""
+        return self._own_bytes + self._history_bytes
+
     def _remember(self, content: str, result, seconds: float) -> None:
-        self._history_bytes += len(content) + 64
+        entry = (content, _reply_fingerprint(result), seconds)
+        self._history_bytes += measured_bytes(entry)
         if self._history_bytes > self._pool.limits.max_episode_bytes:
             self.replayable, self._history = False, []
         elif self.replayable:
-            self._history.append((content, _reply_fingerprint(result), seconds))
+            self._history.append(entry)
             self._cost_s += seconds
 
     def evaluate(self, reward_cfg=None) -> dict:

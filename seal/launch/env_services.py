@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from env_service.client import EnvClient, EnvServiceError, make_client
+from env_service.http.auth import check_secret_handle, open_secret
 from seal.env_clients import ACTOR_NAMESPACE, actor_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,11 +44,13 @@ def new_service_id() -> str:
 
 
 def write_secret(path: str | os.PathLike, secret: str) -> str:
-    """Write ``secret`` to ``path``, readable by its owner only (created 0600, never world-readable)."""
+    """Write ``secret`` to ``path``, readable by its owner only: created 0600, in a folder no other user may write,
+    never through a symbolic link at ``path`` (refused: it could point anywhere). ValueError says what is wrong."""
     path = str(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = open_secret(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     with os.fdopen(fd, "w") as handle:
-        os.fchmod(handle.fileno(), 0o600)  # an existing file keeps its old mode through O_CREAT
+        os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
+        check_secret_handle(path, fd)
         handle.write(secret)
     return path
 
