@@ -298,7 +298,7 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
 def test_a_service_killed_mid_run_is_restarted_and_its_failed_step_stops_the_run(tmp_path):
     """The launcher's service is killed during step 2's rollout, after step 1's checkpoint. The launcher restarts it;
     the episodes it held fail (no retries here), so step 2's failure share passes the threshold and the run stops at
-    step 2 in one line naming the service and its log, before the step's update and checkpoint: step 1's checkpoint,
+    step 2 in one line naming the service and its log, before the step's log-probs, update and checkpoint: step 1's checkpoint,
     the last one made with a live environment, stays the latest and is not pruned."""
     d = run_dirs(tmp_path)
     proc = launch(
