@@ -114,7 +114,7 @@ def cmd_serve(args) -> int:
         if getattr(args, name) is not None
     }
     try:
-        limits = HttpLimits(**given)
+        limits = HttpLimits.serving(args.peak_episodes, **given)
     except ValueError as error:
         raise CliError(str(error)) from None
     from env_service.bfcl.config import ServiceLimits
@@ -369,7 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
         "receiving their request are shed, the longest waiting first (1024)",
     )
     serve.add_argument(
-        "--max-requests-per-owner", type=int, help="requests of one run (else address) in flight (429 beyond; 96)"
+        "--max-requests-per-owner",
+        type=int,
+        help="requests of one client address (all its run ids) in flight (429 beyond; 96, or as --peak-episodes sets)",
+    )
+    serve.add_argument(
+        "--peak-episodes",
+        type=int,
+        help="episodes the main client (the trainer this service is started for) runs at once: the per-client "
+        "requests in flight, connections per address and connections are raised to 2 requests each (an explicit "
+        "limit flag wins); the launcher passes the recipe's",
     )
     serve.add_argument(
         "--max-run-ids-per-peer", type=int, help="run ids one client address may use at once (429 beyond; 16)"

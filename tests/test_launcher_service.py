@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from processes import alive, service_and_workers, wait_for
+from processes import alive, processes, service_and_workers, wait_for
 
 from env_service.client import EnvClient, EnvServiceError
 from env_service.http.service import ServerThread
@@ -133,3 +133,50 @@ def test_the_service_its_workers_and_the_secret_file_go_with_the_launcher(tmp_pa
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+# ---- the service holds the trainer's concurrency --------------------------------------------------------------
+
+
+def test_the_recipes_peak_episodes_are_its_largest_batch_of_episodes():
+    """exp/SEAL.yaml: 32 tasks x 8 rollouts a step, the 400 held-out tasks at once in validation (a multiple of the 8
+    agent-loop workers: no padding); a run that never validates peaks at its training step; REMAX adds its greedy
+    baselines; a validation batch is padded to the workers as verl pads it."""
+    from seal.launch.env_services import peak_episodes
+
+    seal = str(ROOT / "exp" / "SEAL.yaml")
+    assert peak_episodes(compose_recipe(seal)) == 400
+    assert peak_episodes(compose_recipe(seal, ["trainer.val_before_train=false", "trainer.test_freq=0"])) == 256
+    remax = ["trainer.val_before_train=false", "trainer.test_freq=0", "algorithm.adv_estimator=remax"]
+    assert peak_episodes(compose_recipe(seal, remax)) == 288
+    assert peak_episodes(compose_recipe(seal, ["data.val_batch_size=101", "data.train_batch_size=4"])) == 104
+
+
+def test_preflight_refuses_service_limits_below_the_recipes_concurrency():
+    from seal.launch import _check_service_limits
+
+    def problems(*overrides):
+        found = []
+        _check_service_limits(compose_recipe(str(ROOT / "exp" / "SEAL.yaml"), list(overrides)), found)
+        return found
+
+    assert problems() == []  # null limits: raised to hold the recipe
+    assert problems("env_service.serve.max_requests_per_owner=100", "env_service.serve.peak_episodes=300") == [
+        "env_service.serve.peak_episodes is 300, below the 400 episodes this recipe runs at once (train_batch_size x "
+        "rollout.n, or the validation batch): leave it null (the recipe's) or raise it",
+        "env_service.serve.max_requests_per_owner is 100, below the 400 episodes the trainer runs at once (one request "
+        "each in flight; 800 leaves room for retries)",
+    ]
+    assert problems("+env_service.serve.max_episodes_per_owner=256") == [
+        "env_service.serve.max_episodes_per_owner is 256, below the 400 episodes the trainer runs at once: set "
+        "+env_service.serve.max_episodes_per_owner to at least that"
+    ]
+    assert problems("env_service.url=http://127.0.0.1:9", "env_service.serve.max_requests_per_owner=1") == []
+
+
+def test_the_launcher_tells_its_service_the_trainers_peak_episodes(tmp_path):
+    """exp/cpu_tiny.yaml validates its 4 held-out tasks at once (its step has 2 episodes)."""
+    config = recipe(tmp_path, "env_service.serve.workers=0")
+    with environment_service(config):
+        command = processes()[service_and_workers(os.getpid())[0]]["cmd"].split()
+        assert command[command.index("--peak-episodes") + 1] == "4"

@@ -102,6 +102,7 @@ def preflight(config: DictConfig) -> list[str]:
         _check_prompt_budget(config, problems)
     _check_batching(config, problems)
     _check_checkpoints(config, problems)
+    _check_service_limits(config, problems)
     if problems:
         raise PreflightError("the recipe cannot run:\n  - " + "\n  - ".join(problems))
     return warnings
@@ -389,6 +390,33 @@ def _check_checkpoint_disk(config, problems):
         )
 
 
+def _check_service_limits(config, problems):
+    """The services the launcher starts hold the trainer's peak episodes (``env_service.serve``: limits left null are
+    raised to hold them; one set lower refuses the run's own requests once its episodes all call at once)."""
+    if config.env_service.url:
+        return  # a service you run: its limits are yours
+    from env_service.bfcl.config import ServiceLimits
+    from env_service.http.limits import HttpLimits
+    from seal.launch.env_services import peak_episodes, serve_options
+
+    options = serve_options(config)
+    peak, planned = peak_episodes(config), int(options.pop("peak_episodes"))
+    if planned < peak:
+        problems.append(
+            f"env_service.serve.peak_episodes is {planned}, below the {peak} episodes this recipe runs at once "
+            "(train_batch_size x rollout.n, or the validation batch): leave it null (the recipe's) or raise it"
+        )
+    given = {k: v for k, v in options.items() if v is not None and k in HttpLimits.__dataclass_fields__}
+    limits = HttpLimits.serving(planned, **given)
+    problems += [f"env_service.serve.{line}" for line in limits.shortfalls(peak)]
+    per_client = options.get("max_episodes_per_owner") or ServiceLimits().max_episodes_per_owner
+    if per_client < peak:
+        problems.append(
+            f"env_service.serve.max_episodes_per_owner is {per_client}, below the {peak} episodes the trainer runs at "
+            "once: set +env_service.serve.max_episodes_per_owner to at least that"
+        )
+
+
 def _check_checkpoints(config, problems):
     if config.seal.checkpoint.save_best and config.trainer.get("max_actor_ckpt_to_keep"):
         problems.append(
@@ -444,7 +472,7 @@ def environment_service(config: DictConfig):
 @contextlib.contextmanager
 def _local_service(config: DictConfig, secret: str):
     from env_service.http.auth import SECRET_ENV
-    from seal.launch.env_services import LocalService, serve_flags
+    from seal.launch.env_services import LocalService, serve_flags, serve_options
 
     env = config.env_service
     log_path = Path(config.seal.run_dir) / "env_service.log"
@@ -452,7 +480,7 @@ def _local_service(config: DictConfig, secret: str):
         env.secret_file,
         env.service_id,
         port=env.port,
-        flags=serve_flags(env.serve),
+        flags=serve_flags(serve_options(config)),
         log_path=log_path,
         host=str(env.host),
     ).start()
@@ -480,14 +508,14 @@ def _node_services(config: DictConfig, secret: str):
     import ray
 
     from seal.env_clients import ACTOR_NAMESPACE
-    from seal.launch.env_services import serve_flags, start_node_services, stop_node_services
+    from seal.launch.env_services import serve_flags, serve_options, start_node_services, stop_node_services
 
     env = config.env_service
     address = config.ray_kwargs.ray_init.get("address") or "auto"  # several nodes: a cluster started with `ray start`
     ray.init(address=address, namespace=ACTOR_NAMESPACE, log_to_driver=False)
     try:
         here = ray.get_runtime_context().get_node_id()
-        env.nodes = start_node_services(secret, env.service_id, serve_flags(env.serve))
+        env.nodes = start_node_services(secret, env.service_id, serve_flags(serve_options(config)))
     finally:
         ray.shutdown()
     print(f"[seal] {len(env.nodes)} environment services up, one per node: {dict(env.nodes)}")

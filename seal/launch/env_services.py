@@ -67,6 +67,52 @@ def serve_flags(options) -> list[str]:
     return flags
 
 
+# ---- what the run asks of its services -------------------------------------------------------------------
+
+
+def serve_options(config) -> dict:
+    """``env_service.serve`` of the recipe, with ``peak_episodes`` the recipe's (:func:`peak_episodes`) when null: the
+    service then holds the trainer's concurrency (``HttpLimits.serving``)."""
+    from omegaconf import OmegaConf
+
+    options = dict(OmegaConf.to_container(config.env_service.serve, resolve=True) or {})
+    if options.get("peak_episodes") is None:
+        options["peak_episodes"] = peak_episodes(config)
+    return options
+
+
+def peak_episodes(config) -> int:
+    """The most episodes the trainer runs at once: a training step's (``train_batch_size`` x ``rollout.n``, with
+    REMAX's greedy baselines) or a validation batch's (``val_batch_size``, else every validation row, padded to a
+    multiple of the agent-loop workers as verl pads it, x ``val_kwargs.n``), whichever is larger. Every episode of
+    a batch starts at once (verl gathers them all)."""
+    rollout = config.actor_rollout_ref.rollout
+    train = int(config.data.train_batch_size) * int(rollout.n)
+    if str(config.algorithm.adv_estimator) == "remax":
+        train += int(config.data.train_batch_size)
+    trainer = config.trainer
+    if not (trainer.get("val_before_train") or int(trainer.get("test_freq") or 0) > 0 or trainer.get("val_only")):
+        return train
+    rows = _rows(config.data.val_files)
+    batch = int(config.data.val_batch_size) if config.data.get("val_batch_size") else rows
+    batch = min(batch, rows) if rows else batch
+    workers = max(int(rollout.agent.num_workers), 1)
+    padded = -(-batch // workers) * workers
+    return max(train, padded * int(rollout.val_kwargs.n))
+
+
+def _rows(files) -> int:
+    """Rows of the parquet files (0 for a file that is not there: preflight names it)."""
+    import pyarrow.parquet as pq
+
+    paths = [files] if isinstance(files, str) else list(files or [])
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += pq.ParquetFile(str(path)).metadata.num_rows
+    return total
+
+
 class LocalService:
     """A ``python -m env_service serve`` process of this run, on this machine's loopback.
 
@@ -294,7 +340,9 @@ __all__ = [
     "free_port",
     "new_secret",
     "new_service_id",
+    "peak_episodes",
     "serve_flags",
+    "serve_options",
     "start_node_services",
     "stop_node_services",
     "wait_healthy",
