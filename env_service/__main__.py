@@ -136,6 +136,7 @@ def cmd_serve(args) -> int:
         secret=secret,
         service_id=args.service_id,
         limits=limits,
+        fd=args.fd,
     )
     return EXIT_OK
 
@@ -329,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP service")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8082)
+    serve.add_argument(
+        "--fd",
+        type=int,
+        help="serve this inherited listening socket instead of binding --host/--port (the launcher holds its "
+        "service's port this way: a restarted service answers at the same address, and no other server can take it)",
+    )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument(

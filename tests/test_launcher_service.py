@@ -4,7 +4,9 @@ stranger that happens to answer on the configured port; restarted when it dies; 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -101,6 +103,39 @@ def test_a_dead_service_is_restarted_on_the_url_its_clients_use(tmp_path, capsys
     assert not alive([second])
 
 
+def test_a_wedged_service_is_replaced_on_a_port_no_other_server_can_take(tmp_path, capsys, monkeypatch):
+    """A service that answers nothing (SIGSTOP: alive, its port open, no reply) is killed and replaced within the
+    bounded time; the port stays the launcher's throughout (nothing else can bind it), so clients keep the URL."""
+    monkeypatch.delenv("SEAL_ENV_SECRET", raising=False)
+    config = recipe(tmp_path, "env_service.serve.workers=0", "env_service.supervise.unresponsive_s=2")
+    env = config.env_service
+    with environment_service(config) as url:
+        wedged = service_and_workers(os.getpid())[0]
+        os.kill(wedged, signal.SIGSTOP)
+        port = int(url.rsplit(":", 1)[1])
+        with pytest.raises(OSError):  # the launcher holds the port while its service hangs, and while it is replaced
+            socket.create_server(("127.0.0.1", port))
+        client = EnvClient(url, secret=Path(env.secret_file).read_text(), run_id=env.run_id, retries=0, timeout_s=5)
+        wait_for(lambda: not alive([wedged]), 30, "the wedged service was not killed")
+        assert wait_for(lambda: _answers(client, env.service_id), 60, "no service answers again")
+        assert service_and_workers(os.getpid())[0] != wedged
+        assert client.create("multi_turn_base_0", "validate")["instance_id"]
+    out = capsys.readouterr().out
+    said = re.search(
+        rf"\(pid {wedged}, log {re.escape(str(tmp_path))}/env_service.log\) answered nothing for (\d+)s; restarting",
+        out,
+    )
+    assert said and 2 <= int(said[1]) <= 5, out
+    assert "restarted (1 restart(s) in this run)" in out
+
+
+def _answers(client, service_id) -> bool:
+    try:
+        return client.health().get("service_id") == service_id
+    except EnvServiceError:  # not up again yet
+        return False
+
+
 OWNER = """
 import sys, time
 from seal.launch import compose_recipe, environment_service, exit_on_termination
@@ -180,3 +215,47 @@ def test_the_launcher_tells_its_service_the_trainers_peak_episodes(tmp_path):
     with environment_service(config):
         command = processes()[service_and_workers(os.getpid())[0]]["cmd"].split()
         assert command[command.index("--peak-episodes") + 1] == "4"
+
+
+RESTART_BUDGET_OWNER = """
+import sys, time
+from seal.launch import RunStopped, compose_recipe, environment_service
+
+config = compose_recipe(
+    "exp/cpu_tiny.yaml",
+    ["seal.run_dir=" + sys.argv[1], "env_service.serve.workers=0", "env_service.supervise.max_restarts=1"],
+)
+try:
+    with environment_service(config):
+        print("up", flush=True)
+        time.sleep(600)
+except RunStopped as stopped:
+    print(f"[seal] error: {stopped}", flush=True)
+    sys.exit(1)
+"""
+
+
+def test_past_its_restart_budget_the_run_stops_with_one_line_naming_why(tmp_path):
+    """max_restarts=1: the first death is restarted, the second ends the run (the main thread is stopped wherever it
+    waits, as a Ctrl-C would), with one line naming the service, the budget and the key."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", RESTART_BUDGET_OWNER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        lines = iter(owner.stdout.readline, "")
+        assert "up\n" in lines, "the owner exited before its service was up"
+        first = service_and_workers(owner.pid)[0]
+        os.kill(first, signal.SIGKILL)
+        assert any("restarted (1 restart(s) in this run)" in line for line in lines)
+        second = service_and_workers(owner.pid)[0]
+        os.kill(second, signal.SIGKILL)
+        assert owner.wait(60) == 1
+        last = owner.stdout.read().strip().splitlines()[-1]
+        assert last == (
+            f"[seal] error: the environment service at {last.split('at ', 1)[1].split(' ', 1)[0]} (pid {second}, log "
+            f"{tmp_path / 'env_service.log'}) exited with code -9 after 1 restart(s), the most "
+            "env_service.supervise.max_restarts allows: the run stops"
+        )
+    finally:
+        if owner.poll() is None:
+            owner.kill()
