@@ -5,6 +5,8 @@ trainer's CUDA of the GPU node only; a killed launcher leaves no service behind 
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -144,6 +146,27 @@ def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
                 requests.get(node_url + "/health", timeout=5)
     finally:
         ray.init(address=address, namespace=env_clients.ACTOR_NAMESPACE, log_to_driver=False)
+
+
+@pytest.mark.slow
+def test_a_node_service_past_its_restart_budget_is_reported_with_its_node(cluster):
+    """Each node's actor supervises its service as the launcher does; one whose budget is spent says so, which the
+    launcher polls (``node_services_given_up``) to stop the run naming the node."""
+    secret, service_id = env_services.new_secret(), env_services.new_service_id()
+    budget = {"max_restarts": 0, "unresponsive_s": 60}
+    nodes = env_services.start_node_services(secret, service_id, ["--workers", "0"], budget)
+    try:
+        assert env_services.node_services_given_up(service_id, list(nodes)) == []
+        node_id = next(iter(nodes))
+        [pid] = [pid for pid, p in processes().items() if f"--service-id {service_id}:{node_id}" in p["cmd"]]
+        os.kill(pid, signal.SIGKILL)
+        [why] = wait_for(lambda: env_services.node_services_given_up(service_id, list(nodes)), 30, "no give-up")
+        assert why.startswith(f"on Ray node {node_id}: the environment service at {nodes[node_id]} (pid {pid}")
+        assert why.endswith(
+            "exited with code -9 after 0 restart(s), the most env_service.supervise.max_restarts allows: the run stops"
+        )
+    finally:
+        env_services.stop_node_services(service_id, list(nodes))
 
 
 ROOT = Path(__file__).resolve().parents[1]
