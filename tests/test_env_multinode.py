@@ -63,10 +63,11 @@ def _on_node(ray, node_id: str, env_cfg: dict):
 
 
 @pytest.mark.slow
-def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all(cluster):
+def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all_and_a_spent_budget_is_named(cluster):
     ray = cluster
     secret, service_id = env_services.new_secret(), env_services.new_service_id()
-    nodes = env_services.start_node_services(secret, service_id, ["--workers", "0"])
+    budget = {"max_restarts": 0, "unresponsive_s": 60}
+    nodes = env_services.start_node_services(secret, service_id, ["--workers", "0"], budget)
     try:
         assert len(nodes) == 2 and len(set(nodes.values())) == 2
         env = OmegaConf.create({"url": None, "secret_file": None, "service_id": service_id, "nodes": nodes})
@@ -82,6 +83,18 @@ def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all(
             assert "# Behavioral guidelines" in system_prompt  # the pushed profile reached this service
             assert EnvClient(url, secret=secret, run_id=RUN).get_profile()["profile"] == CUE_PROFILE
             assert make_client(url, secret=secret, run_id="another-run").get_profile()["profile"] is None
+
+        # each node's actor supervises its service as the launcher does; past its budget it says so, which the
+        # launcher polls (node_services_given_up) to stop the run naming the node
+        assert env_services.node_services_given_up(service_id, list(nodes)) == []
+        node_id = next(iter(nodes))
+        [pid] = [pid for pid, p in processes().items() if f"--service-id {service_id}:{node_id}" in p["cmd"]]
+        os.kill(pid, signal.SIGKILL)
+        [why] = wait_for(lambda: env_services.node_services_given_up(service_id, list(nodes)), 30, "no give-up")
+        assert why.startswith(f"on Ray node {node_id}: the environment service at {nodes[node_id]} (pid {pid}")
+        assert why.endswith(
+            "exited with code -9 after 0 restart(s), the most env_service.supervise.max_restarts allows: the run stops"
+        )
     finally:
         env_services.stop_node_services(service_id, list(nodes))
     for url in nodes.values():
@@ -146,27 +159,6 @@ def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
                 requests.get(node_url + "/health", timeout=5)
     finally:
         ray.init(address=address, namespace=env_clients.ACTOR_NAMESPACE, log_to_driver=False)
-
-
-@pytest.mark.slow
-def test_a_node_service_past_its_restart_budget_is_reported_with_its_node(cluster):
-    """Each node's actor supervises its service as the launcher does; one whose budget is spent says so, which the
-    launcher polls (``node_services_given_up``) to stop the run naming the node."""
-    secret, service_id = env_services.new_secret(), env_services.new_service_id()
-    budget = {"max_restarts": 0, "unresponsive_s": 60}
-    nodes = env_services.start_node_services(secret, service_id, ["--workers", "0"], budget)
-    try:
-        assert env_services.node_services_given_up(service_id, list(nodes)) == []
-        node_id = next(iter(nodes))
-        [pid] = [pid for pid, p in processes().items() if f"--service-id {service_id}:{node_id}" in p["cmd"]]
-        os.kill(pid, signal.SIGKILL)
-        [why] = wait_for(lambda: env_services.node_services_given_up(service_id, list(nodes)), 30, "no give-up")
-        assert why.startswith(f"on Ray node {node_id}: the environment service at {nodes[node_id]} (pid {pid}")
-        assert why.endswith(
-            "exited with code -9 after 0 restart(s), the most env_service.supervise.max_restarts allows: the run stops"
-        )
-    finally:
-        env_services.stop_node_services(service_id, list(nodes))
 
 
 ROOT = Path(__file__).resolve().parents[1]
