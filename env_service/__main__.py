@@ -116,7 +116,7 @@ def cmd_serve(args) -> int:
         if getattr(args, name) is not None
     }
     try:
-        limits = HttpLimits(**given)
+        limits = HttpLimits.serving(args.peak_episodes, **given)
     except ValueError as error:
         raise CliError(str(error)) from None
     from env_service.bfcl.config import ServiceLimits
@@ -138,6 +138,7 @@ def cmd_serve(args) -> int:
         secret=secret,
         service_id=args.service_id,
         limits=limits,
+        fd=args.fd,
     )
     return EXIT_OK
 
@@ -335,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP service")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8082)
+    serve.add_argument(
+        "--fd",
+        type=int,
+        help="serve this inherited listening socket instead of binding --host/--port (the launcher holds its "
+        "service's port this way: a restarted service answers at the same address, and no other server can take it)",
+    )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument(
@@ -379,7 +386,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-requests-per-owner",
         type=int,
         help="requests of one client address in flight at once, all its run ids together (all of loopback is one "
-        "address, an IPv6 /64 is one; 429 beyond; 96)",
+        "address, an IPv6 /64 is one; 429 beyond; 96, or as --peak-episodes sets)",
+    )
+    serve.add_argument(
+        "--peak-episodes",
+        type=int,
+        help="episodes the main client (the trainer this service is started for) runs at once: the per-client "
+        "requests in flight, connections per address and connections are raised to 2 requests each (an explicit "
+        "limit flag wins); the launcher passes the recipe's",
     )
     serve.add_argument(
         "--max-run-ids-per-peer", type=int, help="run ids one client address may use at once (429 beyond; 16)"

@@ -13,7 +13,8 @@ Token discipline:
 - all turns of an episode carry one request id, so verl's load balancer keeps them on the server whose prefix
   cache holds the context;
 - a training sample carries a seed from its step (``seal/resume.py``); each model call samples with its own seed
-  drawn from it, so a resumed step does not replay the draws of the run's first steps.
+  drawn from it, so a resumed step does not replay the draws of the run's first steps, and a retried episode
+  draws from a seed of its attempt, so it does not replay the draws of the attempt that failed.
 
 At the end the service's verdict is the reward and the trajectory carries its diagnosis (category, progress
 tags, paper labels, number of model calls, termination reason) into the batch as ``seal_*`` extra fields.
@@ -43,7 +44,7 @@ from env_service.client import EnvServiceError, make_client
 from env_service.vocabulary import mode_for_split, task_category
 from seal.env_clients import service_for_this_node
 from seal.env_failures import FAILED_KEY
-from seal.resume import SEED_FIELD, call_seed
+from seal.resume import SEED_FIELD, attempt_seed, call_seed
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,9 @@ class BfclAgentLoop(AgentLoopBase):
         seed = kwargs.get(SEED_FIELD)
         for attempt in range(self.episode_retries + 1):
             try:
-                return await self._run_episode(task_id, mode, sampling_params, metrics, want_logprobs, seed)
+                return await self._run_episode(
+                    task_id, mode, sampling_params, metrics, want_logprobs, attempt_seed(seed, attempt)
+                )
             except PromptTooLong as exc:
                 logger.error("episode %s cannot start: %s", task_id, exc)
                 return self._failed_output(task_id, extra, str(exc), metrics, want_logprobs)

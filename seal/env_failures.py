@@ -10,12 +10,14 @@ would still be wrong twice over:
   ``split_validation_failures`` takes such tasks out of the accuracy, reports them apart, and stops the run when
   their share passes ``seal.validation.max_env_failure_share`` (a broken service must not look like a bad model);
 - a training step whose failed share passes the same threshold stops the run there (``stop_if_environment_down``),
-  before its update and its checkpoint: steps without an environment never train, never become a checkpoint and
-  never prune the last checkpoint made with a live one.
+  as its rollout returns: steps without an environment never pay for their log-probs (old and reference), never
+  train, never become a checkpoint and never prune the last checkpoint made with a live one.
 
-A training step in which every episode failed has no token to train on; ``SealAgentLoopManager`` (verl's
-agent-loop manager, set by the launcher) lets that step run as a counted no-op instead of ending the run in verl's
-rollout-correction check, which needs one trained token.
+Both happen in ``SealAgentLoopManager`` (verl's agent-loop manager, set by the launcher): verl's ``fit`` calls its
+``generate_sequences`` for a step's rollout, before anything else of the step, so no trainer method is overridden
+for it. A training step in which every episode failed (and that the threshold lets through) has no token to train
+on; the manager lets it run as a counted no-op instead of ending the run in verl's rollout-correction check, which
+needs one trained token.
 """
 
 from __future__ import annotations
@@ -83,12 +85,14 @@ def regroup_without_failed(batch, norm_adv_by_std: bool) -> int:
 
 
 def stop_if_environment_down(batch, step: int, max_share: float) -> None:
-    """Stop the run at training step ``step`` when the environment failed too many of its episodes: called before
-    the update (verl checkpoints after it), so such a step is neither trained on nor checkpointed."""
+    """Stop the run at training step ``step`` when the environment failed too many of its episodes: called as the
+    step's rollout returns, so such a step computes no log-probs, is not trained on and is not checkpointed."""
     failed = failed_mask(batch)
+    if not failed.any():
+        return
     errors = sorted({str(e) for e in np.asarray(batch.non_tensor_batch["seal_error"])[failed]})
     first = " ".join(errors[0].split())[:200] if errors else ""
-    detail = f", e.g. {first!r}; the run stops before the step's update and checkpoint"
+    detail = f", e.g. {first!r}; the run stops before the step's log-probs, update and checkpoint"
     raise_if_too_many(failed, max_share, f"training step {step}", detail)
 
 
@@ -124,15 +128,21 @@ def split_validation_failures(data_sources, sample_uids, infos: dict, sample_tur
 
 
 class SealAgentLoopManager(AgentLoopManager):
-    """verl's agent-loop manager; a training batch in which every episode failed trains nothing, as a no-op.
+    """verl's agent-loop manager; a training step whose environment failed too many episodes stops the run as its
+    rollout returns, and one in which every episode failed (within the share) trains nothing, as a no-op.
     Training samples get their seeds from the step here, before verl splits the batch among its workers
     (``seal/resume.py``, ``seal.rollout.step_seeds``)."""
 
     def generate_sequences(self, prompts):
-        if not prompts.meta_info.get("validate") and self.config.seal.rollout.step_seeds:
+        training = not prompts.meta_info.get("validate")
+        if training and self.config.seal.rollout.step_seeds:
             seed_samples(prompts, int(self.config.actor_rollout_ref.rollout.seed))
         output = super().generate_sequences(prompts)  # verl's auto_await runs it to completion here
-        if not prompts.meta_info.get("validate") and failed_mask(output).all():
+        if not training:
+            return output
+        step = int(prompts.meta_info.get("global_steps", 0))
+        stop_if_environment_down(output, step, float(self.config.seal.validation.max_env_failure_share))
+        if failed_mask(output).all():
             # verl's rollout correction (IS weights, mismatch metrics) needs one trained token; with none, the
             # step's update is a no-op over an all-zero mask and the failures are counted by the SEAL step
             output.batch.pop("rollout_log_probs", None)

@@ -8,7 +8,8 @@ the step instead.
 - **Rollout randomness.** The rollout servers seed their sampling once at start, so the first step after a
   restart drew the random numbers the run's first step drew. ``seed_samples`` gives every training sample a seed
   from ``(rollout.seed, global step, position in the batch)``; the agent loop derives each model call's seed
-  from it (``call_seed``).
+  from it (``call_seed``), and a retried episode's from its attempt (``attempt_seed``: a retry draws afresh,
+  and the same in a rerun).
 - **Metric files.** Steps after the checkpoint were logged by the killed run and are logged again by the resumed
   one; ``truncate_metric_files`` cuts every ``metrics_*.jsonl`` of the run back to the resumed step.
 """
@@ -25,6 +26,8 @@ from torch.utils.data import Sampler
 
 #: The non-tensor field of a training batch that carries each sample's seed to the agent loop.
 SEED_FIELD = "seal_seed"
+#: Mixed into a retry's seed: its parts never equal a model call's ``(sample seed, call index)``.
+RETRY_STREAM = 1
 
 
 def derive_seed(*parts: int) -> int:
@@ -110,6 +113,14 @@ def seed_samples(batch, base_seed: int) -> None:
     batch.non_tensor_batch[SEED_FIELD] = np.array(
         [derive_seed(base_seed, step, i) for i in range(len(batch))], dtype=np.int64
     )
+
+
+def attempt_seed(sample_seed, attempt: int) -> int | None:
+    """The seed of a sample's ``attempt``-th try (0: the first, which keeps the sample's seed). A retry after an
+    environment failure draws other tokens than the attempt that failed, and the same ones in a rerun."""
+    if sample_seed is None or attempt == 0:
+        return sample_seed
+    return derive_seed(int(sample_seed), attempt, RETRY_STREAM)
 
 
 def call_seed(sample_seed, call_index: int) -> int | None:

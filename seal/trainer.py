@@ -44,7 +44,7 @@ from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats
 from seal.env_clients import profile_client
-from seal.env_failures import regroup_without_failed, split_validation_failures, stop_if_environment_down
+from seal.env_failures import regroup_without_failed, split_validation_failures
 from seal.figures import run_figures
 from seal.resume import resume_data_order, train_sampler, truncate_metric_files
 from seal.units import disk_size
@@ -84,8 +84,7 @@ class SealTrainer(RayPPOTrainer):
     # ---- the SEAL step ---------------------------------------------------------------------------
 
     def _update_actor(self, batch):
-        # before the update, and so before verl's checkpoint of the step: a step without an environment stops the run
-        stop_if_environment_down(batch, self.global_steps, float(self.config.seal.validation.max_env_failure_share))
+        # a step the environment failed has stopped the run already, as its rollout returned (SealAgentLoopManager)
         start = time.perf_counter()
         seal_metrics = self._seal_step(batch)
         seal_metrics["timing_s/seal_step"] = time.perf_counter() - start  # verl times the update around it

@@ -1,5 +1,6 @@
-"""Registrations seal makes inside every verl process: the CPU platform, the ``hf`` rollout backend, and what
-the CPU build of vLLM needs around verl's weight update (``seal.cpu.vllm_cpu``; CPU platform with that build only).
+"""Registrations seal makes inside every verl process: the CPU platform, the ``hf`` rollout backend (and
+``scripted``, the instant one of ``scripts/production_shape.py``), and what the CPU build of vLLM needs around
+verl's weight update (``seal.cpu.vllm_cpu``; CPU platform with that build only).
 
 Loaded by verl itself at the end of ``import verl``: this module is the ``seal`` entry point in
 the ``verl.plugins`` group (pyproject.toml), which ``verl/__init__.py`` loads unless
@@ -29,17 +30,26 @@ def _load_hf_replica():
     return HFRolloutReplica
 
 
+def _load_scripted_replica():
+    from seal.cpu.scripted_rollout import ScriptedReplica
+
+    return ScriptedReplica
+
+
 def register_hf_rollout() -> None:
-    """Make `actor_rollout_ref.rollout.name=hf` resolvable on both sides.
+    """Make `actor_rollout_ref.rollout.name=hf` (and `scripted`) resolvable on both sides.
 
     verl has no plugin API for rollout backends; both registries are module-level dicts that
-    `get_rollout_class` (worker side) and `get_rollout_replica_class` (driver side) read.
+    `get_rollout_class` (worker side) and `get_rollout_replica_class` (driver side) read. The scripted server
+    takes hf's adapter: it forwards the trainer's weights to a server actor of the same name, which drops them.
     """
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     _ROLLOUT_REGISTRY[("hf", "async")] = HF_ROLLOUT_ADAPTER
     RolloutReplicaRegistry.register("hf", _load_hf_replica)
+    _ROLLOUT_REGISTRY[("scripted", "async")] = HF_ROLLOUT_ADAPTER
+    RolloutReplicaRegistry.register("scripted", _load_scripted_replica)
 
 
 def register_cpu_platform() -> None:

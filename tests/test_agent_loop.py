@@ -277,3 +277,32 @@ def test_a_seeded_sample_draws_the_same_in_any_run_and_another_seed_draws_anew(r
     first = generations(7)
     assert generations(7) == first
     assert generations(8) != first
+
+
+def test_a_retried_episode_draws_afresh_and_the_same_in_a_rerun(rollout, tokenizer, monkeypatch):
+    """The environment fails the first attempt's step; the retry samples with a seed of its attempt: other tokens
+    than the attempt that failed (the same seed would replay them), and the same tokens when the run is rerun."""
+    config = make_config(**{"seal.rollout.max_model_calls": 1, "seal.rollout.episode_retries": 1})
+
+    def generations():
+        server = RecordingServer(rollout[1].server)
+        failed = []
+
+        def fail_first_step(loop):
+            step = type(loop.env).step  # the client's own (the instance is shared by the process's loops)
+
+            def flaky(*args):
+                if not failed:
+                    failed.append(args)
+                    raise EnvServiceError(503, "service unavailable", "http_error")
+                return step(loop.env, *args)
+
+            monkeypatch.setattr(loop.env, "step", flaky)
+
+        out = run_episode(config, tokenizer, server, prepare=fail_first_step, fields={SEED_FIELD: 7})
+        assert failed and not out.extra_fields["seal_failed"]  # the first attempt failed, the retry completed
+        return server.generations
+
+    first_attempt, retry = generations()
+    assert retry != first_attempt
+    assert generations() == [first_attempt, retry]

@@ -131,7 +131,7 @@ def test_a_step_where_every_episode_failed_still_runs(monkeypatch, failed, valid
 
     output = DataProto.from_dict(
         tensors={"rollout_log_probs": torch.zeros(len(failed), 3), "response_mask": torch.zeros(len(failed), 3)},
-        non_tensors={"seal_failed": np.array(failed, dtype=object)},
+        non_tensors={"seal_failed": np.array(failed, dtype=object), "seal_error": np.array([""] * len(failed))},
     )
     monkeypatch.setattr(AgentLoopManager, "generate_sequences", lambda self, prompts: output)
     prompts = DataProto.from_dict(tensors={"x": torch.zeros(len(failed), 1)}, meta_info={"validate": validate})
@@ -139,15 +139,39 @@ def test_a_step_where_every_episode_failed_still_runs(monkeypatch, failed, valid
     assert ("rollout_log_probs" in result.batch.keys()) is kept
 
 
-def bare_manager(step_seeds: bool = True):
+def bare_manager(step_seeds: bool = True, max_share: float = 1.0):
     """seal's manager without verl's workers (``generate_sequences`` of verl's is replaced in these tests)."""
     from seal.env_failures import SealAgentLoopManager
 
     manager = SealAgentLoopManager.__new__(SealAgentLoopManager)
     manager.config = OmegaConf.create(
-        {"seal": {"rollout": {"step_seeds": step_seeds}}, "actor_rollout_ref": {"rollout": {"seed": 42}}}
+        {
+            "seal": {"rollout": {"step_seeds": step_seeds}, "validation": {"max_env_failure_share": max_share}},
+            "actor_rollout_ref": {"rollout": {"seed": 42}},
+        }
     )
     return manager
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_step_past_the_failure_share_stops_as_its_rollout_returns(monkeypatch, validate):
+    """verl's fit calls the manager for a step's rollout before its old and reference log-probs: a training step the
+    environment failed stops the run there, so it pays for neither (validation is judged over all its batches)."""
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    output = make_batch([0.0] * 4, ["a", "a", "b", "b"], [True, False, False, False])
+    output.non_tensor_batch["seal_error"] = np.array(["env down", "", "", ""], dtype=object)
+    monkeypatch.setattr(AgentLoopManager, "generate_sequences", lambda self, prompts: output)
+    prompts = DataProto.from_dict(tensors={"x": torch.zeros(4, 1)}, meta_info={"validate": validate, "global_steps": 2})
+    manager = bare_manager(max_share=0.1)
+    if validate:
+        assert manager.generate_sequences(prompts) is output
+        return
+    with pytest.raises(
+        TooManyEnvFailures, match="^training step 2: 1 of 4 episodes .*'env down'.*before the step's log"
+    ):
+        manager.generate_sequences(prompts)
+    assert bare_manager(max_share=0.25).generate_sequences(prompts) is output  # at the threshold the step trains
 
 
 @pytest.mark.parametrize(

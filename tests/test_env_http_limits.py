@@ -194,3 +194,24 @@ def test_server_healthy_after_the_abuse(server):
 )
 def test_peer_key_is_one_key_per_client_that_controls_the_addresses(host, key):
     assert peer_key(host) == key
+
+
+def test_a_service_for_a_trainer_holds_its_peak_episodes_and_an_explicit_limit_wins():
+    """``serve --peak-episodes N`` (the launcher passes the recipe's): one client's requests in flight and connections
+    hold 2 requests of each of its N episodes, never below the defaults; a limit given explicitly stays as given, and
+    one below N is named with both numbers."""
+    assert HttpLimits.serving() == HttpLimits() == HttpLimits.serving(None)
+    assert HttpLimits.serving(20) == HttpLimits()  # 40 requests fit every default
+    recipe = HttpLimits.serving(400)  # exp/SEAL.yaml's validation batch
+    assert (recipe.max_requests_per_owner, recipe.max_connections_per_peer, recipe.max_connections) == (800, 1024, 2048)
+    doubled = HttpLimits.serving(1200)
+    assert (doubled.max_requests_per_owner, doubled.max_connections_per_peer, doubled.max_connections) == (2400,) * 3
+    assert recipe.shortfalls(400) == [] and HttpLimits().shortfalls(96) == []
+    capped = HttpLimits.serving(400, max_requests_per_owner=100)
+    assert capped.max_requests_per_owner == 100
+    assert capped.shortfalls(400) == [
+        "max_requests_per_owner is 100, below the 400 episodes the trainer runs at once (one request each in flight; "
+        "800 leaves room for retries)"
+    ]
+    with pytest.raises(ValueError, match="peak_episodes must be at least 1"):
+        HttpLimits.serving(0)

@@ -1,12 +1,21 @@
-"""Several nodes on one machine (two Ray nodes): one environment service per node, owned by an actor on
-that node; each worker uses its own node's service; a failure profile reaches every service; the preflight node check
-passes on both."""
+"""Several nodes on one machine (two Ray nodes: a head without GPUs, as a CPU head node is, and a node with a
+GPU-like resource): one environment service per node, owned by an actor on that node; each worker uses its own
+node's service; a failure profile reaches every service; the preflight node check passes on both and asks a GPU
+trainer's CUDA of the GPU node only; a killed launcher leaves no service behind on either node."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import requests
 from omegaconf import OmegaConf
+from processes import processes, wait_for
 
 from env_service.client import EnvClient, make_client
 from seal import env_clients
@@ -22,8 +31,8 @@ def cluster():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    cluster.add_node(num_cpus=1, num_gpus=1)
     ray.init(address=cluster.address, namespace=env_clients.ACTOR_NAMESPACE, log_to_driver=False)
     try:
         yield ray
@@ -54,10 +63,11 @@ def _on_node(ray, node_id: str, env_cfg: dict):
 
 
 @pytest.mark.slow
-def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all(cluster):
+def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all_and_a_spent_budget_is_named(cluster):
     ray = cluster
     secret, service_id = env_services.new_secret(), env_services.new_service_id()
-    nodes = env_services.start_node_services(secret, service_id, ["--workers", "0"])
+    budget = {"max_restarts": 0, "unresponsive_s": 60}
+    nodes = env_services.start_node_services(secret, service_id, ["--workers", "0"], budget)
     try:
         assert len(nodes) == 2 and len(set(nodes.values())) == 2
         env = OmegaConf.create({"url": None, "secret_file": None, "service_id": service_id, "nodes": nodes})
@@ -73,6 +83,18 @@ def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all(
             assert "# Behavioral guidelines" in system_prompt  # the pushed profile reached this service
             assert EnvClient(url, secret=secret, run_id=RUN).get_profile()["profile"] == CUE_PROFILE
             assert make_client(url, secret=secret, run_id="another-run").get_profile()["profile"] is None
+
+        # each node's actor supervises its service as the launcher does; past its budget it says so, which the
+        # launcher polls (node_services_given_up) to stop the run naming the node
+        assert env_services.node_services_given_up(service_id, list(nodes)) == []
+        node_id = next(iter(nodes))
+        [pid] = [pid for pid, p in processes().items() if f"--service-id {service_id}:{node_id}" in p["cmd"]]
+        os.kill(pid, signal.SIGKILL)
+        [why] = wait_for(lambda: env_services.node_services_given_up(service_id, list(nodes)), 30, "no give-up")
+        assert why.startswith(f"on Ray node {node_id}: the environment service at {nodes[node_id]} (pid {pid}")
+        assert why.endswith(
+            "exited with code -9 after 0 restart(s), the most env_service.supervise.max_restarts allows: the run stops"
+        )
     finally:
         env_services.stop_node_services(service_id, list(nodes))
     for url in nodes.values():
@@ -137,3 +159,82 @@ def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
                 requests.get(node_url + "/health", timeout=5)
     finally:
         ray.init(address=address, namespace=env_clients.ACTOR_NAMESPACE, log_to_driver=False)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+KILLED_LAUNCHER = """
+import sys, time
+from seal.launch import compose_recipe, environment_service
+
+overrides = ["trainer.nnodes=2", "env_service.serve.workers=0", "+ray_kwargs.ray_init.address=" + sys.argv[2]]
+config = compose_recipe("exp/cpu_tiny.yaml", ["seal.run_dir=" + sys.argv[1], *overrides])
+with environment_service(config):
+    print("service id", config.env_service.service_id, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_leaves_no_service_or_actor_on_any_node(cluster, tmp_path):
+    """The launcher (the run's Ray driver) is SIGKILLed with a service up on each node: within a bounded time Ray has
+    ended its actors and each service has exited with its actor, on both nodes."""
+    ray = cluster
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", KILLED_LAUNCHER, str(tmp_path), ray.get_runtime_context().gcs_address],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        up = next((line for line in iter(launcher.stdout.readline, "") if line.startswith("service id ")), None)
+        assert up, "the launcher exited before its services were up"
+        service_id = up.split()[-1]
+
+        def of_the_run():
+            actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if service_id in a["name"]]
+            services = [pid for pid, p in processes().items() if f"--service-id {service_id}:" in p["cmd"]]
+            return actors, [pid for pid in services if processes().get(pid, {}).get("state") != "Z"]
+
+        actors, services = of_the_run()
+        assert len(actors) == 2 and len(services) == 2, (actors, services)
+        launcher.kill()
+        launcher.wait(30)
+        killed = time.monotonic()
+        wait_for(lambda: of_the_run() == ([], []), 60, "an actor or a service of the killed launcher still runs")
+        print(f"nothing of the run left {time.monotonic() - killed:.1f} s after the launcher's SIGKILL")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+@pytest.mark.slow
+def test_a_gpu_less_head_node_is_accepted_and_the_gpu_node_checked(cluster, tmp_path):
+    """A GPU recipe launched from the head, which has no GPU: the launcher's node is not asked for CUDA devices; the
+    node that holds the trainer's ranks is (here it has a GPU resource but this machine's CPU-only torch, which the
+    check names, with that node)."""
+    import torch
+
+    from seal import launch
+    from seal.launch import compose_recipe, multinode
+
+    ray = cluster
+    config = compose_recipe(
+        str(ROOT / "exp" / "gpu_smoke.yaml"),
+        [
+            f"seal.run_dir={tmp_path}/run",
+            f"trainer.default_local_dir={tmp_path}/checkpoints",
+            f"data.train_files={ROOT}/data/bfcl_train.parquet",
+            f"data.val_files={ROOT}/data/bfcl_heldout.parquet",
+            f"+ray_kwargs.ray_init.address={ray.get_runtime_context().gcs_address}",
+        ],
+    )
+    problems = []
+    launch._check_device(config, problems)
+    assert problems == []
+    [gpu_node] = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    assert multinode.cluster_problems(config) == [
+        f"Ray node {gpu_node['NodeManagerAddress']} ({gpu_node['NodeID'][:8]}): torch {torch.__version__} is a CPU "
+        "build but the recipe trains on CUDA: install the GPU stack into this environment (`bash scripts/install.sh "
+        "gpu`)"
+    ]

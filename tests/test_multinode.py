@@ -114,8 +114,13 @@ def local_ray():
 
 
 def test_the_check_runs_on_every_ray_node_and_refuses_a_short_cluster(local_ray, tmp_path):
+    import torch
+
     config = _recipe(tmp_path)
-    assert multinode.cluster_problems(config) == []  # one node: the launcher's own, which sees everything
+    # one node: the launcher's own, which sees everything; it holds the GPU trainer's ranks, so its CUDA is checked
+    # (this machine's torch is a CPU build)
+    [cuda] = multinode.cluster_problems(config)
+    assert cuda.startswith("Ray node ") and f"torch {torch.__version__} is a CPU build" in cuda
     assert (tmp_path / "checkpoints").is_dir() and not list((tmp_path / "checkpoints").iterdir())  # marker removed
 
     OmegaConf.update(config, "trainer.nnodes", 2)
@@ -123,7 +128,7 @@ def test_the_check_runs_on_every_ray_node_and_refuses_a_short_cluster(local_ray,
         launch._check_nodes(config)
     assert str(refused.value) == (
         "the Ray nodes cannot run this recipe:\n  - trainer.nnodes=2 but the Ray cluster has 1 alive GPU node(s): start "
-        "the others with `ray start --address=HEAD:6379` first"
+        f"the others with `ray start --address=HEAD:6379` first\n  - {cuda}"
     )
 
 
@@ -143,3 +148,13 @@ def test_a_gpu_less_head_node_is_not_a_node_of_nnodes():
     nodes = [head, *workers, dead]
     assert multinode.trainer_nodes(nodes, "cuda") == workers
     assert multinode.trainer_nodes(nodes, "cpu") == [head, *workers]
+
+
+def test_a_node_holding_trainer_ranks_without_their_devices_is_named():
+    launcher = {"repository": "/srv/seal", "venv": "/srv/seal/.venv", "missing": [], "unshared": []}
+    node = {**launcher, "cuda_problem": None, "cuda_devices": 2}
+    assert multinode.view_problems("node-b", node, launcher, gpus_per_node=4) == [
+        "Ray node node-b holds trainer ranks but 2 CUDA device(s) are visible there (trainer.n_gpus_per_node=4)"
+    ]
+    assert multinode.view_problems("node-b", {**node, "cuda_devices": 4}, launcher, gpus_per_node=4) == []
+    assert multinode.view_problems("node-b", dict(launcher), launcher, gpus_per_node=4) == []  # holds no ranks

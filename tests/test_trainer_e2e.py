@@ -295,11 +295,14 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
     assert "actor/pg_loss" in log
 
 
-def test_a_service_killed_mid_run_is_restarted_and_its_failed_step_stops_the_run(tmp_path):
-    """The launcher's service is killed during step 2's rollout, after step 1's checkpoint. The launcher restarts it;
+def test_a_service_wedged_mid_run_is_restarted_and_its_failed_step_stops_the_run(tmp_path):
+    """The launcher's service hangs (SIGSTOP: alive, its port open, answering nothing) during step 2's rollout, after
+    step 1's checkpoint. The launcher's health probe finds it silent, kills it and starts another on the same port;
     the episodes it held fail (no retries here), so step 2's failure share passes the threshold and the run stops at
-    step 2 in one line naming the service and its log, before the step's update and checkpoint: step 1's checkpoint,
-    the last one made with a live environment, stays the latest and is not pruned."""
+    step 2 in one line naming the service and its log, as the step's rollout returns (before its log-probs, update
+    and checkpoint): nothing of step 2 is checkpointed, and step 1's checkpoint, the last one made with a live
+    environment, stays the latest and is not pruned. (A service that dies is restarted the same way:
+    tests/test_launcher_service.py.)"""
     d = run_dirs(tmp_path)
     proc = launch(
         tmp_path,
@@ -307,7 +310,8 @@ def test_a_service_killed_mid_run_is_restarted_and_its_failed_step_stops_the_run
         "trainer.test_freq=0",
         "seal.rollout.episode_retries=0",
         "env_service.retries=0",
-        "env_service.timeout_s=5",
+        "env_service.timeout_s=60",  # the clients wait on the hung service: its replacement is what ends their wait
+        "env_service.supervise.unresponsive_s=5",
         "actor_rollout_ref.rollout.agent.num_workers=2",  # as on GPU: chunks from two workers
         log_name="fault.log",
     )
@@ -329,14 +333,14 @@ def test_a_service_killed_mid_run_is_restarted_and_its_failed_step_stops_the_run
                 return 0
 
         wait_for(lambda: episodes_created() > 2, 600, "step 2's rollout did not start")  # 2 episodes a step
-        os.kill(service, signal.SIGKILL)
+        os.kill(service, signal.SIGSTOP)
         rc = wait(proc, 900)
     finally:
         if proc.poll() is None:
             kill_session(proc.pid)
     log = log_path.read_text()
     assert rc == 1, log[-6000:]
-    assert f"(pid {service}, log {d['run'] / 'env_service.log'}) exited with code -9; restarting it" in log
+    assert f"(pid {service}, log {d['run'] / 'env_service.log'}) answered nothing for " in log
     last = log.strip().splitlines()[-1]
     assert last.startswith("[seal] error: training step 2: ") and "max_env_failure_share" in last, log[-3000:]
     assert f"log {d['run'] / 'env_service.log'}" in last

@@ -16,7 +16,6 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from seal.agent_loop import env_client
 from seal.apatch import DEFAULT_TAG_WEIGHTS as WEIGHTS
-from seal.env_failures import TooManyEnvFailures
 from seal.eval.runs import read_metrics
 from seal.launch import compose_recipe
 from seal.trainer import SealTrainer, batch_trajectories
@@ -238,16 +237,6 @@ def test_a_steps_training_metrics_are_on_disk_when_its_update_returns(tmp_path, 
     logged = read_metrics(str(tmp_path))[2]
     assert logged["actor/pg_loss"] == 1.0  # verl's reduction: the mean over micro-batches
     assert logged["seal/rollout/failed_episodes"] == 1.0 and "seal/apatch/mean_scale" in logged
-
-
-def test_a_step_past_the_environment_failure_share_is_not_trained(tmp_path, monkeypatch):
-    updates = []
-    monkeypatch.setattr(RayPPOTrainer, "_update_actor", lambda self, batch: updates.append(batch))
-    trainer = make_trainer(tmp_path, "seal.validation.max_env_failure_share=0.1")
-    trainer.global_steps = 2
-    with pytest.raises(TooManyEnvFailures, match="^training step 2: 1 of 5 episodes .*'env down'"):
-        trainer._update_actor(make_batch(ROWS)[0])
-    assert not updates and trainer.state.state_dict()["observe_count"] == 0  # neither trained nor observed
 
 
 def test_epoch_dump_is_drawn_at_the_epochs_last_trained_step(tmp_path):

@@ -19,7 +19,7 @@ import socket
 import struct
 import termios
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from env_service.http.auth import AUTH_HEADER, RUN_ID_HEADER
 
@@ -56,7 +56,9 @@ class HttpLimits:
     # (processing or answering a request).
     max_connections_per_peer: int = 1024
     # Requests of one client address (``peer_key``, all its run ids) in flight at once; more are refused (429) before
-    # they take a thread or a place in a worker's queue. Above the trainer's rollout concurrency (32) with room.
+    # they take a thread or a place in a worker's queue. A service started for a trainer gets room for the trainer's
+    # peak episodes (``serving``, ``serve --peak-episodes``: the launcher derives them from the recipe); this
+    # default is for everyone else (a trainer of up to 48 episodes at once fits it).
     max_requests_per_owner: int = 96
     # Run ids one client address (``peer_key``) may use at once (one not seen for the manager's idle timeout is
     # forgotten): what is kept per run (failure profiles, worker-time shares) cannot be multiplied by minting run ids.
@@ -88,6 +90,38 @@ class HttpLimits:
             )
         if self.max_pipelined_requests < 1:
             raise ValueError("max_pipelined_requests must be at least 1")
+
+    @classmethod
+    def serving(cls, peak_episodes: int | None = None, **given) -> HttpLimits:
+        """The limits of a service whose main client (a trainer) runs up to ``peak_episodes`` episodes at once: the
+        per-client limits raised to hold :data:`REQUESTS_PER_EPISODE` requests of each (the defaults where they are
+        higher); a limit in ``given`` (an explicit ``serve`` flag) stays as given."""
+        raised = {}
+        if peak_episodes is not None and int(peak_episodes) < 1:
+            raise ValueError(f"peak_episodes must be at least 1, got {peak_episodes}")
+        if peak_episodes:
+            defaults, need = cls(), REQUESTS_PER_EPISODE * int(peak_episodes)
+            raised = {name: max(getattr(defaults, name), need) for name in PER_CLIENT_REQUEST_LIMITS}
+        return cls(**{**raised, **given})
+
+    def shortfalls(self, peak_episodes: int) -> list[str]:
+        """One line per limit that cannot hold ``peak_episodes`` episodes of one client with a request in flight
+        each: with fewer, the client's own requests are refused whenever all its episodes call at once."""
+        limit_names = {f.name for f in fields(self)}
+        return [
+            f"{name} is {getattr(self, name)}, below the {peak_episodes} episodes the trainer runs at once (one request "
+            f"each in flight; {REQUESTS_PER_EPISODE * peak_episodes} leaves room for retries)"
+            for name in PER_CLIENT_REQUEST_LIMITS
+            if name in limit_names and getattr(self, name) < peak_episodes
+        ]
+
+
+#: Requests one episode can have in flight at the service: the one its client waits on, and one the client stopped
+#: waiting for (a read timeout) and sent again while the service still works on it.
+REQUESTS_PER_EPISODE = 2
+#: The limits every request of one client counts against (``HttpLimits.serving`` raises them for a trainer): each
+#: request in flight holds a place in the client's requests and a connection, of its own and of the service's.
+PER_CLIENT_REQUEST_LIMITS = ("max_requests_per_owner", "max_connections_per_peer", "max_connections")
 
 
 # ---------------------------------------------------------------------------------------------

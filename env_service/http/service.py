@@ -528,19 +528,25 @@ def serve(
     service_id: str | None = None,
     limits: HttpLimits | None = None,
     workers: int | None = None,
+    fd: int | None = None,
 ) -> None:
     """Run the service in the foreground (blocks). Binds to 127.0.0.1 unless told otherwise; any other
     address needs ``secret`` (see :func:`check_bind`). ``workers``: episode processes when no ``manager``
-    is given (default: one per core)."""
+    is given (default: one per core). ``fd``: a listening socket inherited from whoever started the service
+    (``serve --fd``), served instead of binding ``host``/``port``: its owner keeps the port across restarts."""
     import os
 
     import uvicorn
 
+    sockets = None
+    if fd is not None:
+        sockets = [socket.socket(fileno=fd)]
+        host, port = sockets[0].getsockname()[:2]
     check_bind(host, secret)
     manager = manager or EpisodeManager(workers=(os.cpu_count() or 1) if workers is None else workers)
     limits = limits or HttpLimits()
     app = create_app(manager, secret=secret, service_id=service_id, limits=limits)
-    uvicorn.Server(_uvicorn_config(app, host, port, log_level, access_log, limits)).run()
+    uvicorn.Server(_uvicorn_config(app, host, port, log_level, access_log, limits)).run(sockets=sockets)
 
 
 class ServerThread:

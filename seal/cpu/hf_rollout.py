@@ -118,7 +118,48 @@ def _as_id_list(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
-class HFRolloutServer:
+class IdleServer:
+    """The lifecycle calls ``RolloutReplica`` forwards to every server (sleep, wake-up, caches, profiling, the step
+    number): nothing to do for a server that holds no GPU memory."""
+
+    def __init__(self):
+        self.global_steps: int | None = None
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def ready(self) -> bool:
+        return True
+
+    async def wake_up(self, tags: list[str] | None = None, **kwargs: Any) -> None:
+        return None
+
+    async def sleep(self, **kwargs: Any) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict:
+        return {}  # requests are short; nothing is in flight long enough to abort
+
+    async def resume_generation(self, **kwargs: Any) -> None:
+        return None
+
+    async def clear_kv_cache(self, **kwargs: Any) -> None:
+        return None
+
+    async def release_kv_cache(self, **kwargs: Any) -> None:
+        return None
+
+    async def resume_kv_cache(self, **kwargs: Any) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self, **kwargs: Any) -> None:
+        return None
+
+
+class HFRolloutServer(IdleServer):
     """Token-in/token-out generation server over a HF causal LM (CPU)."""
 
     def __init__(
@@ -130,9 +171,9 @@ class HFRolloutServer:
     ):
         from transformers import AutoModelForCausalLM
 
+        super().__init__()
         self.config = config if isinstance(config, HFServerConfig) else HFServerConfig.from_rollout_config(config or {})
         self.replica_rank = replica_rank
-        self.global_steps: int | None = None
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path,
             dtype=_torch_dtype(self.config.dtype),
@@ -276,41 +317,6 @@ class HFRolloutServer:
 
     def _is_tied_key(self, key: str) -> bool:
         return key == "lm_head.weight" and bool(getattr(self.model.config, "tie_word_embeddings", False))
-
-    # ---- lifecycle: RolloutReplica forwards these to every server; nothing to do on CPU ---------
-
-    async def set_global_steps(self, global_steps: int) -> None:
-        self.global_steps = global_steps
-
-    async def ready(self) -> bool:
-        return True
-
-    async def wake_up(self, tags: list[str] | None = None, **kwargs: Any) -> None:
-        return None
-
-    async def sleep(self, **kwargs: Any) -> None:
-        return None
-
-    async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict:
-        return {}  # requests are short; nothing is in flight long enough to abort
-
-    async def resume_generation(self, **kwargs: Any) -> None:
-        return None
-
-    async def clear_kv_cache(self, **kwargs: Any) -> None:
-        return None
-
-    async def release_kv_cache(self, **kwargs: Any) -> None:
-        return None
-
-    async def resume_kv_cache(self, **kwargs: Any) -> None:
-        return None
-
-    async def start_profile(self, **kwargs: Any) -> None:
-        return None
-
-    async def stop_profile(self, **kwargs: Any) -> None:
-        return None
 
 
 def _check_sampling_keys(params: dict[str, Any]) -> None:

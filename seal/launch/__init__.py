@@ -150,8 +150,10 @@ def _run_checks(found: Findings, checks, config) -> None:
 
 
 def _check_device(config, problems):
-    if config.trainer.device != "cuda":
-        return
+    from seal.launch.multinode import on_a_cluster
+
+    if config.trainer.device != "cuda" or on_a_cluster(config):
+        return  # on a cluster the nodes that hold the trainer's ranks are checked (_check_nodes), not this one
     from seal.launch.node_checks import cuda_problem, probe_cuda
 
     mismatch = cuda_problem(**probe_cuda())
@@ -438,6 +440,33 @@ def _check_checkpoint_disk(config, problems):
         )
 
 
+def _check_service_limits(config, problems):
+    """The services the launcher starts hold the trainer's peak episodes (``env_service.serve``: limits left null are
+    raised to hold them; one set lower refuses the run's own requests once its episodes all call at once)."""
+    if config.env_service.url:
+        return  # a service you run: its limits are yours
+    from env_service.bfcl.config import ServiceLimits
+    from env_service.http.limits import HttpLimits
+    from seal.launch.env_services import peak_episodes, serve_options
+
+    options = serve_options(config)
+    peak, planned = peak_episodes(config), int(options.pop("peak_episodes"))
+    if planned < peak:
+        problems.append(
+            f"env_service.serve.peak_episodes is {planned}, below the {peak} episodes this recipe runs at once "
+            "(train_batch_size x rollout.n, or the validation batch): leave it null (the recipe's) or raise it"
+        )
+    given = {k: v for k, v in options.items() if v is not None and k in HttpLimits.__dataclass_fields__}
+    limits = HttpLimits.serving(planned, **given)
+    problems += [f"env_service.serve.{line}" for line in limits.shortfalls(peak)]
+    per_client = options.get("max_episodes_per_owner") or ServiceLimits().max_episodes_per_owner
+    if per_client < peak:
+        problems.append(
+            f"env_service.serve.max_episodes_per_owner is {per_client}, below the {peak} episodes the trainer runs at "
+            "once: set +env_service.serve.max_episodes_per_owner to at least that"
+        )
+
+
 def _check_checkpoints(config, problems):
     if config.seal.checkpoint.save_best and config.trainer.get("max_actor_ckpt_to_keep"):
         problems.append(
@@ -458,6 +487,7 @@ NODE_CHECKS = (
     ("lengths", _check_prompt_budget),
     ("batching", _check_batching),
     ("checkpoints", _check_checkpoints),
+    ("service", _check_service_limits),
 )
 
 
@@ -495,7 +525,9 @@ def environment_service(config: DictConfig):
     env.secret_file = env_services.write_secret(run_dir / "env_service.secret", secret)
     env.service_id = env_services.new_service_id()
     try:
-        starter = _node_services if int(config.trainer.nnodes) > 1 else _local_service
+        from seal.launch.multinode import on_a_cluster
+
+        starter = _node_services if on_a_cluster(config) else _local_service
         with starter(config, secret) as url:
             yield url
     except env_services.ServiceStartError as exc:
@@ -508,7 +540,7 @@ def environment_service(config: DictConfig):
 @contextlib.contextmanager
 def _local_service(config: DictConfig, secret: str):
     from env_service.http.auth import SECRET_ENV
-    from seal.launch.env_services import LocalService, serve_flags
+    from seal.launch.env_services import LocalService, serve_flags, serve_options
 
     env = config.env_service
     log_path = Path(config.seal.run_dir) / "env_service.log"
@@ -516,12 +548,16 @@ def _local_service(config: DictConfig, secret: str):
         env.secret_file,
         env.service_id,
         port=env.port,
-        flags=serve_flags(env.serve),
+        flags=serve_flags(serve_options(config)),
         log_path=log_path,
         host=str(env.host),
     ).start()
     print(f"[seal] environment service up at {service.url} (pid {service.proc.pid}, log {log_path})")
-    service.supervise(report=lambda line: print(f"[seal] {line}", flush=True))
+    service.supervise(
+        report=lambda line: print(f"[seal] {line}", flush=True),
+        on_give_up=lambda why: _interrupt_main(),  # the run stops wherever it waits; service.gave_up says why
+        **_supervision(env.supervise),
+    )
     # The clients of this process and of the local Ray cluster it starts (which inherits the environment)
     # default to $SEAL_ENV_SECRET; env_service.secret_file also names it, for processes started elsewhere.
     previous = os.environ.get(SECRET_ENV)
@@ -529,6 +565,10 @@ def _local_service(config: DictConfig, secret: str):
     try:
         with _naming_the_service(service.describe):
             yield service.url
+    except KeyboardInterrupt:
+        if service.gave_up:
+            raise RunStopped(service.gave_up) from None
+        raise
     finally:
         service.stop()
         if previous is None:
@@ -537,34 +577,86 @@ def _local_service(config: DictConfig, secret: str):
             os.environ[SECRET_ENV] = previous
 
 
+def _interrupt_main() -> None:
+    """Stop the launcher's main thread as Ctrl-C would (a real SIGINT wakes it from any wait: a sleep, Ray's get),
+    so the run leaves through its ``finally`` blocks."""
+    import signal
+
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
 @contextlib.contextmanager
 def _node_services(config: DictConfig, secret: str):
-    """One service per Ray node, owned by detached actors: the launcher disconnects before verl connects
-    to the cluster again with its own runtime environment, and reconnects at the end to stop them."""
+    """One service per Ray node, each owned by an actor of this process's Ray connection, the run's driver: the
+    launcher connects once, as verl's ``run_ppo`` would (``connect_ray``; run_ppo then uses that connection), so
+    the actors end with the launcher however it ends (SIGKILL included: Ray ends a driver's actors with it, and
+    each service exits with its actor). The launcher watches them; one whose restart budget is spent stops the run."""
     import ray
 
-    from seal.env_clients import ACTOR_NAMESPACE
-    from seal.launch.env_services import serve_flags, start_node_services, stop_node_services
+    from seal.launch.env_services import (
+        node_services_given_up,
+        serve_flags,
+        serve_options,
+        start_node_services,
+        stop_node_services,
+    )
 
     env = config.env_service
-    address = config.ray_kwargs.ray_init.get("address") or "auto"  # several nodes: a cluster started with `ray start`
-    ray.init(address=address, namespace=ACTOR_NAMESPACE, log_to_driver=False)
+    connect_ray(config)
     try:
         here = ray.get_runtime_context().get_node_id()
-        env.nodes = start_node_services(secret, env.service_id, serve_flags(env.serve))
+        env.nodes = start_node_services(
+            secret, env.service_id, serve_flags(serve_options(config)), _supervision(env.supervise)
+        )
+        print(f"[seal] {len(env.nodes)} environment services up, one per node: {dict(env.nodes)}")
+        services = f"the environment services {dict(env.nodes)} (each logs to env_service.log in a seal-env-* folder)"
+        gave_up: list[str] = []
+        watching = threading.Event()
+
+        def watch():  # a service past its restart budget: the run stops, naming it
+            while not watching.wait(WATCH_S):
+                gave_up.extend(node_services_given_up(env.service_id, list(env.nodes)))
+                if gave_up:
+                    _interrupt_main()
+                    return
+
+        threading.Thread(target=watch, name="env-services-watch", daemon=True).start()
+        try:
+            with _naming_the_service(lambda: services):
+                yield env.nodes.get(here) or next(iter(env.nodes.values()))
+        except KeyboardInterrupt:
+            if gave_up:
+                raise RunStopped(gave_up[0]) from None
+            raise
+        finally:
+            watching.set()
+            stop_node_services(env.service_id, list(env.nodes))
     finally:
         ray.shutdown()
-    print(f"[seal] {len(env.nodes)} environment services up, one per node: {dict(env.nodes)}")
-    services = f"the environment services {dict(env.nodes)} (each logs to env_service.log in a seal-env-* temp folder)"
-    try:
-        with _naming_the_service(lambda: services):
-            yield env.nodes.get(here) or next(iter(env.nodes.values()))
-    finally:
-        ray.init(address=address, namespace=ACTOR_NAMESPACE, log_to_driver=False)
-        try:
-            stop_node_services(env.service_id, list(env.nodes))
-        finally:
-            ray.shutdown()
+
+
+#: How often the launcher asks its node services whether one has given up.
+WATCH_S = 5.0
+
+
+def _supervision(supervise) -> dict:
+    """``env_service.supervise`` as ``LocalService.supervise`` takes it."""
+    return {"max_restarts": int(supervise.max_restarts), "unresponsive_s": float(supervise.unresponsive_s)}
+
+
+def connect_ray(config: DictConfig) -> None:
+    """Connect this process to the run's Ray cluster (``ray_kwargs.ray_init.address``, else ``auto``) with the runtime
+    env verl's ``run_ppo`` would give it (verl's defaults under the run's own), so that run_ppo, finding the process
+    connected, uses this connection: what the launcher starts on the cluster belongs to the run's driver."""
+    import ray
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    set_run_environment(config)
+    runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(config), config.ray_kwargs.ray_init.runtime_env)
+    ray.init(
+        address=config.ray_kwargs.ray_init.get("address") or "auto",  # a cluster started with `ray start`
+        runtime_env=OmegaConf.to_container(runtime_env, resolve=True),
+    )
 
 
 @contextlib.contextmanager
@@ -582,7 +674,8 @@ def _naming_the_service(describe):
 
 
 def _check_nodes(config: DictConfig) -> None:
-    """Several nodes: each must see this repository, venv and data, and one shared checkpoint filesystem."""
+    """A Ray cluster: each node must see this repository, venv and data, and one shared checkpoint filesystem, and
+    those that hold a GPU trainer's ranks must run its CUDA."""
     problems = _node_problems(config)
     if problems:
         raise PreflightError("the Ray nodes cannot run this recipe:\n  - " + "\n  - ".join(problems))
@@ -593,11 +686,9 @@ def _check_cluster(config, problems):
 
 
 def _node_problems(config: DictConfig) -> list[str]:
-    if int(config.trainer.nnodes) <= 1:
-        return []
-    from seal.launch.multinode import cluster_problems
+    from seal.launch.multinode import cluster_problems, on_a_cluster
 
-    return cluster_problems(config)
+    return cluster_problems(config) if on_a_cluster(config) else []
 
 
 # ---- run ------------------------------------------------------------------------------------------
@@ -663,26 +754,33 @@ def ray_runtime_env(config: DictConfig, env_vars: dict[str, str]):
     return OmegaConf.merge({"env_vars": env_vars}, config.ray_kwargs.ray_init.get("runtime_env") or {})
 
 
-def train(config: DictConfig) -> None:
+def set_run_environment(config: DictConfig) -> None:
+    """The run's environment variables (``run_environment``) in this process and in the run's Ray runtime env.
+
+    Set before verl is imported here (the platform is chosen at import). A local Ray cluster this process starts
+    inherits them; a cluster started elsewhere (`ray start`) gets them through the runtime env. Calling it again
+    changes nothing (the variables it derives keep the values already set)."""
     env_vars = run_environment(config)
     Path(config.seal.run_dir).mkdir(parents=True, exist_ok=True)  # verl's file logger writes there
-    # Set before verl is imported here (the platform is chosen at import). The driver starts the local Ray
-    # cluster, whose workers inherit this environment; a cluster started elsewhere (`ray start`) gets the same
-    # variables through the runtime env.
     os.environ.update(env_vars)
+    OmegaConf.set_struct(config, False)
+    config.ray_kwargs.ray_init.runtime_env = ray_runtime_env(config, env_vars)
+
+
+def train(config: DictConfig) -> None:
+    set_run_environment(config)
     import ray
     from verl.trainer.main_ppo import run_ppo
 
     from seal.trainer import CheckpointSaveError, make_task_runner
 
-    OmegaConf.set_struct(config, False)
-    config.ray_kwargs.ray_init.runtime_env = ray_runtime_env(config, env_vars)
+    connected = ray.is_initialized()  # by the node services' owner (connect_ray), which disconnects itself
     try:
         run_ppo(config, task_runner_class=make_task_runner())
     except CheckpointSaveError as exc:  # raised in Ray's task runner: Ray's error is an instance of it too
         raise RunStopped(str(getattr(exc, "cause", exc))) from None
     finally:
-        if ray.is_initialized():
+        if not connected and ray.is_initialized():
             ray.shutdown()
 
 

@@ -1,9 +1,10 @@
 """The run's environment services: started, recognised and stopped here; found by the agent loop.
 
 One node: the launcher starts one ``python -m env_service serve`` on 127.0.0.1 (a free port unless
-``env_service.port`` names one). Several nodes (``trainer.nnodes > 1``): one service per node, each on
-its own node's loopback and owned by a Ray actor pinned to that node; ``env_service.nodes`` maps Ray
-node id -> URL; how the run's workers find them is :mod:`seal.env_clients`.
+``env_service.port`` names one). On a Ray cluster (``seal.launch.multinode.on_a_cluster``): one service per
+node, each on its own node's loopback and owned by a Ray actor pinned to that node; ``env_service.nodes``
+maps Ray node id -> URL; how the run's workers find them is :mod:`seal.env_clients`. Each is supervised
+(``LocalService.supervise``: restarted when it dies or hangs, within a budget), on a port its owner holds.
 
 Every service gets the run's shared secret (a file only its owner can read, never a command-line
 argument or a log line) and a fresh service id that ``/health`` echoes: a different server answering on
@@ -29,6 +30,8 @@ from seal.env_clients import ACTOR_NAMESPACE, actor_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
+#: Connections a service's port queues while no service accepts them (a restart): they are served once it is up.
+BACKLOG = 2048
 
 
 class ServiceStartError(RuntimeError):
@@ -55,10 +58,20 @@ def write_secret(path: str | os.PathLike, secret: str) -> str:
     return path
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def listen(host: str = LOOPBACK, port: int | None = None) -> socket.socket:
+    """A listening socket on ``host``:``port`` (a free port when None) for a service to serve (``serve --fd``)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port its last service left in TIME_WAIT
+        sock.bind((host, int(port or 0)))
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ServiceStartError(
+            f"env_service.port {port} on {host} is taken by another server ({exc.strerror}): set env_service.port=null "
+            "(a free port) or free the port"
+        ) from None
+    return sock
 
 
 def serve_flags(options) -> list[str]:
@@ -70,12 +83,61 @@ def serve_flags(options) -> list[str]:
     return flags
 
 
+# ---- what the run asks of its services -------------------------------------------------------------------
+
+
+def serve_options(config) -> dict:
+    """``env_service.serve`` of the recipe, with ``peak_episodes`` the recipe's (:func:`peak_episodes`) when null: the
+    service then holds the trainer's concurrency (``HttpLimits.serving``)."""
+    from omegaconf import OmegaConf
+
+    options = dict(OmegaConf.to_container(config.env_service.serve, resolve=True) or {})
+    if options.get("peak_episodes") is None:
+        options["peak_episodes"] = peak_episodes(config)
+    return options
+
+
+def peak_episodes(config) -> int:
+    """The most episodes the trainer runs at once: a training step's (``train_batch_size`` x ``rollout.n``, with
+    REMAX's greedy baselines) or a validation batch's (``val_batch_size``, else every validation row, padded to a
+    multiple of the agent-loop workers as verl pads it, x ``val_kwargs.n``), whichever is larger. Every episode of
+    a batch starts at once (verl gathers them all)."""
+    rollout = config.actor_rollout_ref.rollout
+    train = int(config.data.train_batch_size) * int(rollout.n)
+    if str(config.algorithm.adv_estimator) == "remax":
+        train += int(config.data.train_batch_size)
+    trainer = config.trainer
+    if not (trainer.get("val_before_train") or int(trainer.get("test_freq") or 0) > 0 or trainer.get("val_only")):
+        return train
+    rows = _rows(config.data.val_files)
+    batch = int(config.data.val_batch_size) if config.data.get("val_batch_size") else rows
+    batch = min(batch, rows) if rows else batch
+    workers = max(int(rollout.agent.num_workers), 1)
+    padded = -(-batch // workers) * workers
+    return max(train, padded * int(rollout.val_kwargs.n))
+
+
+def _rows(files) -> int:
+    """Rows of the parquet files (0 for a file that is not there: preflight names it)."""
+    import pyarrow.parquet as pq
+
+    paths = [files] if isinstance(files, str) else list(files or [])
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += pq.ParquetFile(str(path)).metadata.num_rows
+    return total
+
+
 class LocalService:
     """A ``python -m env_service serve`` process of this run, on this machine's loopback.
 
     It exits with the process that started it (``--parent-pid``: a killed launcher leaves no service behind), and
-    :meth:`supervise` restarts it when it dies: same port, secret and identity, so the run's clients reconnect to it;
-    the episodes it held fail (the run counts them as environment failures).
+    :meth:`supervise` restarts it when it dies or answers nothing: same address, secret and identity, so the run's
+    clients reach the new one; the episodes it held fail (the run retries them, then counts them as environment
+    failures). The port is this object's, not the service's: the socket is bound here once and inherited by every
+    service started on it (``serve --fd``), so no other server can take the port between a service and its
+    replacement, and clients' connections made meanwhile wait in its queue for the replacement instead of failing.
     """
 
     def __init__(
@@ -87,11 +149,13 @@ class LocalService:
         log_path: str | os.PathLike | None = None,
         host: str = LOOPBACK,
     ):
-        self.host, self.port = host, int(port) if port else free_port(host)
+        self._listener = listen(host, port)
+        self.host, self.port = host, self._listener.getsockname()[1]
         self.secret_file, self.service_id = secret_file, service_id
         self.flags, self.log_path = list(flags), log_path
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.gave_up: str | None = None  # why supervision ended with the service down (its restart budget spent)
         self._lock = threading.Lock()  # the process is replaced by the supervisor and stopped by the owner
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
@@ -114,6 +178,7 @@ class LocalService:
         return self
 
     def _spawn(self) -> subprocess.Popen:
+        fd = self._listener.fileno()
         command = [
             sys.executable,
             "-m",
@@ -123,6 +188,8 @@ class LocalService:
             self.host,
             "--port",
             str(self.port),
+            "--fd",
+            str(fd),
             "--secret-file",
             self.secret_file,
             "--service-id",
@@ -136,34 +203,69 @@ class LocalService:
                 raise ServiceStartError("the environment service is being stopped")
             log = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
             try:
-                self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+                self.proc = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, pass_fds=(fd,)
+                )
             finally:
                 if log is not subprocess.DEVNULL:
                     log.close()
             return self.proc
 
-    def supervise(self, report=print, poll_s: float = 1.0) -> LocalService:
-        """Restart the service whenever it exits, until :meth:`stop`; ``report`` gets one line per event."""
+    def supervise(
+        self, report=print, on_give_up=None, max_restarts: int = 5, unresponsive_s: float = 60.0, poll_s: float = 1.0
+    ) -> LocalService:
+        """Restart the service whenever it exits or answers ``/health`` nothing (no HTTP answer at all: 503 is one)
+        for ``unresponsive_s``, until :meth:`stop`, at most ``max_restarts`` times in all; ``report`` gets one line
+        per event. Past the budget, with the service down, the port is closed (its clients fail at once instead of
+        waiting out their timeouts), ``gave_up`` says why, and ``on_give_up(why)`` is called."""
         self._supervisor = threading.Thread(
-            target=self._supervise, args=(report, poll_s), name="env-service-supervisor", daemon=True
+            target=self._supervise,
+            args=(report, on_give_up, max_restarts, unresponsive_s, poll_s),
+            name="env-service-supervisor",
+            daemon=True,
         )
         self._supervisor.start()
         return self
 
-    def _supervise(self, report, poll_s: float) -> None:
+    def _supervise(self, report, on_give_up, max_restarts: int, unresponsive_s: float, poll_s: float) -> None:
+        probe = HealthProbe(self.url, unresponsive_s)
         while not self._stopping.wait(poll_s):
-            code = self.proc.poll()
-            if code is None or self._stopping.is_set():
-                continue
-            report(f"{self.describe()} exited with code {code}; restarting it (its episodes in flight fail)")
+            code, silent_s = self.proc.poll(), None
+            if code is None:
+                silent_s = probe.silent_for()
+                if silent_s is None:
+                    continue
+            if self._stopping.is_set():
+                return
+            what = f"exited with code {code}" if code is not None else f"answered nothing for {silent_s:.0f}s"
+            if self.restarts >= max_restarts:
+                self._give_up(
+                    f"{self.describe()} {what} after {self.restarts} restart(s), the most "
+                    "env_service.supervise.max_restarts allows: the run stops",
+                    report,
+                    on_give_up,
+                )
+                return
+            report(f"{self.describe()} {what}; restarting it (its episodes in flight fail)")
+            self.restarts += 1
+            _terminate(self.proc, grace_s=0 if code is None else 10)  # a wedged one may not heed SIGTERM
             try:
                 self.start()
             except (ServiceStartError, OSError) as exc:
-                if not self._stopping.is_set():
-                    report(f"could not restart the environment service: {exc}; episodes will fail until the run stops")
-                return
-            self.restarts += 1
+                if self._stopping.is_set():
+                    return
+                report(f"could not restart the environment service: {exc}")
+                continue  # the dead process is seen again at the next poll, and retried within the budget
+            probe.reset()
             report(f"{self.describe()} restarted ({self.restarts} restart(s) in this run)")
+
+    def _give_up(self, why: str, report, on_give_up) -> None:
+        self.gave_up = why
+        _terminate(self.proc, grace_s=0)
+        self._listener.close()
+        report(why)
+        if on_give_up is not None:
+            on_give_up(why)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -172,14 +274,45 @@ class LocalService:
         _terminate(proc)
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join()
+        self._listener.close()
 
 
-def _terminate(proc: subprocess.Popen | None) -> None:
+class HealthProbe:
+    """Whether a service has answered ``/health`` lately: any HTTP answer counts (503 ``degraded`` is a service
+    replacing a worker, alive); a timeout or a refused connection does not. Probes run at most every few seconds."""
+
+    def __init__(self, url: str, unresponsive_s: float):
+        self.unresponsive_s = float(unresponsive_s)
+        self.interval_s = min(5.0, self.unresponsive_s / 4)
+        self.client = EnvClient(url, timeout_s=self.interval_s, retries=0)
+        self.reset()
+
+    def reset(self) -> None:
+        self.answered = self.probed = time.monotonic()
+
+    def silent_for(self) -> float | None:
+        """Seconds without an answer once they reach ``unresponsive_s``, else None (probing when it is time)."""
+        now = time.monotonic()
+        if now - self.probed >= self.interval_s:
+            self.probed = now
+            try:
+                self.client.health()
+                self.answered = time.monotonic()
+            except EnvServiceError as exc:
+                if exc.status is not None:  # an HTTP answer
+                    self.answered = time.monotonic()
+        silent = time.monotonic() - self.answered
+        return silent if silent >= self.unresponsive_s else None
+
+
+def _terminate(proc: subprocess.Popen | None, grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s`` (at once for 0: a stopped process would only queue the SIGTERM)."""
     if proc is None:
         return
-    proc.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
+    if grace_s:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
     if proc.poll() is None:
         proc.kill()
         proc.wait()
@@ -216,9 +349,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, service_id: str, timeout_s: f
 
 
 class NodeService:
-    """Ray actor owning one node's service (a loopback ``LocalService`` with the run's secret)."""
+    """Ray actor owning one node's service (a loopback ``LocalService`` with the run's secret), supervised as the
+    launcher supervises its own (``supervise``: ``LocalService.supervise``'s budget and silence limit)."""
 
-    def __init__(self, secret: str, service_id: str, flags: list[str]):
+    def __init__(self, secret: str, service_id: str, flags: list[str], supervise: dict | None = None):
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -230,10 +364,14 @@ class NodeService:
             flags=flags,
             log_path=Path(self._dir) / "env_service.log",
         ).start()
-        self.service.supervise()
+        self.service.supervise(**(supervise or {}))
 
     def url(self) -> str:
         return self.service.url
+
+    def gave_up(self) -> str | None:
+        """Why supervision ended with this node's service down (None while it is supervised)."""
+        return self.service.gave_up
 
     def secret(self) -> str:
         return self._secret
@@ -249,12 +387,14 @@ class NodeService:
 
 
 def start_node_services(
-    secret: str, service_id: str, flags: list[str] = (), timeout_s: float = 300.0
+    secret: str, service_id: str, flags: list[str] = (), supervise: dict | None = None, timeout_s: float = 300.0
 ) -> dict[str, str]:
     """One ``NodeService`` actor on every alive Ray node (Ray must be initialised); node id -> URL.
 
-    The actors are detached: they outlive this driver's connection (the launcher disconnects before
-    verl connects again), so stop them with :func:`stop_node_services`.
+    The actors belong to this process's Ray connection (they are not detached): they end with it, and their
+    services with them (``--parent-pid``), when the launcher disconnects or dies; :func:`stop_node_services` stops
+    them before that, cleanly. Ray also ends such an actor once no handle to it is left: this module keeps the
+    handles until then.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -265,9 +405,8 @@ def start_node_services(
         node_id: remote.options(
             name=actor_name(service_id, node_id),
             namespace=ACTOR_NAMESPACE,
-            lifetime="detached",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(secret, service_id, list(flags))
+        ).remote(secret, service_id, list(flags), supervise)
         for node_id in nodes
     }
     try:
@@ -275,7 +414,27 @@ def start_node_services(
     except Exception as exc:
         stop_node_services(service_id, nodes)
         raise ServiceStartError(f"an environment service on a Ray node did not start: {exc}") from exc
+    _HANDLES[service_id] = list(actors.values())
     return dict(zip(actors, urls))
+
+
+#: The node service actors this process started, by service id (see ``start_node_services``).
+_HANDLES: dict[str, list] = {}
+
+
+def node_services_given_up(service_id: str, node_ids, timeout_s: float = 30.0) -> list[str]:
+    """Why each node service of ``service_id`` whose supervision gave up did (Ray must be initialised); a node
+    that does not answer in time is asked again next time."""
+    import ray
+
+    reasons = []
+    for node_id in node_ids:
+        with contextlib.suppress(Exception):
+            actor = ray.get_actor(actor_name(service_id, node_id), namespace=ACTOR_NAMESPACE)
+            why = ray.get(actor.gave_up.remote(), timeout=timeout_s)
+            if why:
+                reasons.append(f"on Ray node {node_id}: {why}")
+    return reasons
 
 
 def stop_node_services(service_id: str, node_ids) -> None:
@@ -288,16 +447,21 @@ def stop_node_services(service_id: str, node_ids) -> None:
             with contextlib.suppress(Exception):
                 ray.get(actor.stop.remote(), timeout=30)
             ray.kill(actor)
+    _HANDLES.pop(service_id, None)
 
 
 __all__ = [
     "LocalService",
     "NodeService",
+    "node_services_given_up",
     "ServiceStartError",
-    "free_port",
+    "HealthProbe",
+    "listen",
     "new_secret",
     "new_service_id",
+    "peak_episodes",
     "serve_flags",
+    "serve_options",
     "start_node_services",
     "stop_node_services",
     "wait_healthy",

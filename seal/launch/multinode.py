@@ -1,4 +1,5 @@
-"""What a run on several nodes (``trainer.nnodes > 1``) needs from them, made true or checked before it starts.
+"""What a run on a Ray cluster (:func:`on_a_cluster`: several nodes, or a cluster started with ``ray start``) needs
+from its nodes, made true or checked before it starts.
 
 Ray ships the composed config to workers on every node, not the launcher's working directory: a relative path
 resolves against each worker's own. So the launcher makes every path a worker reads or writes absolute
@@ -10,7 +11,10 @@ resolves against each worker's own. So the launcher makes every path a worker re
 * ``trainer.default_local_dir`` and ``seal.run_dir`` as one shared filesystem: every rank writes its checkpoint
   shards to the first, and the trainer, on whichever node Ray places it, merges, prunes and exports checkpoints
   there and writes the run's metrics and tables to the second. A marker file the launcher writes into each must be
-  readable on every node.
+  readable on every node;
+* a GPU trainer's devices on the nodes that hold its ranks (those with a GPU: :func:`trainer_nodes`), each with
+  ``trainer.n_gpus_per_node`` CUDA devices and a driver that runs torch's CUDA: the launcher's own node may have
+  none (a CPU head node is a common layout), so these are checked there and not on it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ PROBE_TIMEOUT_S = 120
 DEVICE_RESOURCES = {"cuda": "GPU", "npu": "NPU"}
 
 
+def on_a_cluster(config: DictConfig) -> bool:
+    """Whether the run uses a Ray cluster started elsewhere (``trainer.nnodes > 1``, or
+    ``ray_kwargs.ray_init.address``): its trainer's devices, and so its services, are on the cluster's nodes, which
+    need not include this one."""
+    return int(config.trainer.nnodes) > 1 or bool(config.ray_kwargs.ray_init.get("address"))
+
+
 def absolute_paths(config: DictConfig) -> None:
     """Rewrite the relative paths of :data:`WORKER_PATHS` (and local ones of :data:`LOCAL_IF_PRESENT`) in place."""
     for key in WORKER_PATHS + LOCAL_IF_PRESENT:
@@ -64,19 +75,28 @@ def _absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(path)  # hdfs://... and the like are the same everywhere
 
 
-def node_view(paths: list[str], markers: dict[str, list[str]]) -> dict:
+def node_view(paths: list[str], markers: dict[str, list[str]], cuda: bool = False) -> dict:
     """What the node this runs on sees: where ``seal`` and Python come from, which of ``paths`` are missing, and
-    which directories of ``markers`` (directory -> [marker file, token]) do not show the launcher's marker.
+    which directories of ``markers`` (directory -> [marker file, token]) do not show the launcher's marker; with
+    ``cuda`` (a node of a GPU trainer's ranks), its CUDA devices and what keeps CUDA from running there.
     A plain function: Ray runs it on every node, tests call it directly."""
     import seal
 
-    return {
+    view = {
         "host": socket.gethostname(),
         "repository": str(Path(seal.__file__).resolve().parents[1]),
         "venv": sys.prefix,
         "missing": [path for path in paths if not os.path.exists(path)],
         "unshared": [directory for directory, (marker, token) in markers.items() if _read(marker) != token],
     }
+    if cuda:
+        import torch
+
+        from seal.launch.node_checks import cuda_problem, probe_cuda
+
+        view["cuda_problem"] = cuda_problem(**probe_cuda())
+        view["cuda_devices"] = torch.cuda.device_count() if view["cuda_problem"] is None else 0
+    return view
 
 
 def _read(path: str) -> str | None:
@@ -86,9 +106,17 @@ def _read(path: str) -> str | None:
         return None
 
 
-def view_problems(node: str, view: dict, launcher: dict) -> list[str]:
-    """One line per way ``node`` (its :func:`node_view`) differs from the launcher's."""
+def view_problems(node: str, view: dict, launcher: dict, gpus_per_node: int = 0) -> list[str]:
+    """One line per way ``node`` (its :func:`node_view`) differs from the launcher's, and, on a node of a GPU trainer
+    (a view with ``cuda_problem``), what keeps it from giving the trainer ``gpus_per_node`` CUDA devices."""
     problems = []
+    if view.get("cuda_problem"):
+        problems.append(f"Ray node {node}: {view['cuda_problem']}")
+    elif "cuda_devices" in view and view["cuda_devices"] < gpus_per_node:
+        problems.append(
+            f"Ray node {node} holds trainer ranks but {view['cuda_devices']} CUDA device(s) are visible there "
+            f"(trainer.n_gpus_per_node={gpus_per_node})"
+        )
     if view["repository"] != launcher["repository"]:
         problems.append(
             f"Ray node {node} imports seal from {view['repository']}, the launcher from {launcher['repository']}: "
@@ -156,10 +184,12 @@ def _ask_nodes(config: DictConfig, markers: dict[str, list[str]]) -> list[str]:
     paths = [path for path in _read_paths(config) if os.path.exists(path)]  # a missing one is preflight's business
     launcher = node_view(paths, {})
     probe = ray.remote(num_cpus=0, max_retries=0)(node_view)
+    gpu_trainer = str(config.trainer.device) == "cuda"
+    ranks = {node["NodeID"] for node in trainers}
     pending = {
         f"{node['NodeManagerAddress']} ({node['NodeID'][:8]})": probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        ).remote(paths, markers)
+        ).remote(paths, markers, cuda=gpu_trainer and node["NodeID"] in ranks)
         for node in nodes
     }
     for name, ref in pending.items():
@@ -172,7 +202,7 @@ def _ask_nodes(config: DictConfig, markers: dict[str, list[str]]) -> list[str]:
                 f"{launcher['repository']} and {launcher['venv']}"
             )
             continue
-        problems += view_problems(name, view, launcher)
+        problems += view_problems(name, view, launcher, int(config.trainer.n_gpus_per_node))
     return problems
 
 
