@@ -16,9 +16,8 @@ What runs is what a GPU run of the recipe runs around its generation:
 * the ``scripted`` rollout backend (``seal/cpu/scripted_rollout.py``) in place of vLLM: it answers at once with
   ground-truth calls and a share of wrong arguments, malformed calls, extra calls and early stops, so the service
   does real work and the episodes get varied tags;
-* the agent-loop workers' thread pools as on the GPU node (``--node-cores``, 64: asyncio's most, 32 threads each).
-  The agent loop waits on the service in that pool; asyncio sizes it from the machine's cores, so on 2 cores each
-  worker could have only 6 calls in flight, and the service would never see the node's concurrency.
+* the agent loop's own threads for environment calls (``seal.agent_loop.ENV_CALL_THREADS``), as on a GPU node:
+  every episode of a worker can wait on the service at once, whatever the machine's cores.
 
 Each scale (1 = the recipe's concurrency, 2 = twice it: twice the tasks a step, each validation task twice) runs
 ``--steps`` training rollouts and one full validation. Per phase it prints the episodes, the environment failures,
@@ -68,8 +67,6 @@ RECIPE_SHAPE = (
 TOKENIZER_MODEL = ("seal.tiny_model.shape=default", "seal.tiny_model.out_dir=outputs/tiny-qwen")
 #: Where the agent-loop workers' clients write what they measured (one file per process).
 PROBE_DIR = "SEAL_PRODUCTION_SHAPE_PROBE"
-#: The cores of the GPU node the agent-loop workers are sized for (their thread pools).
-NODE_CORES = "SEAL_PRODUCTION_SHAPE_NODE_CORES"
 
 
 # ---- in the agent-loop workers: what each environment call cost ------------------------------------------------
@@ -109,25 +106,8 @@ def install_probe(folder: str) -> None:
     logging.getLogger("env_service.client").addHandler(Retries())
 
 
-def size_thread_pools_for(cores: int) -> None:
-    """Size this process's thread pools whose size is left to the machine as on a machine of ``cores`` cores
-    (``min(32, cores + 4)`` threads). The agent loop waits on the environment service and tokenises in its event
-    loop's default pool (asyncio's and uvloop's, which Ray uses, are such pools), so that size bounds the calls a
-    worker has in flight: 6 on a 2-core machine, 32 on a GPU node."""
-    from concurrent.futures import thread
-
-    init = thread.ThreadPoolExecutor.__init__
-
-    def sized(self, max_workers=None, *args, **kwargs):
-        init(self, min(32, cores + 4) if max_workers is None else max_workers, *args, **kwargs)
-
-    thread.ThreadPoolExecutor.__init__ = sized
-
-
 if os.environ.get(PROBE_DIR) and __name__ != "__main__":
     install_probe(os.environ[PROBE_DIR])
-    if int(os.environ.get(NODE_CORES) or 0):
-        size_thread_pools_for(int(os.environ[NODE_CORES]))
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------
@@ -281,7 +261,7 @@ class PeakRss:
         self._stop.set()
 
 
-def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str], node_cores: int) -> list[dict]:
+def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]) -> list[dict]:
     import ray
     from omegaconf import OmegaConf
 
@@ -296,11 +276,12 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
         print(f"[production shape] warning: {warning}")
     peak = peak_episodes(config)
     workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
-    threads = min(32, (node_cores or os.cpu_count() or 1) + 4)
+    from seal.agent_loop import ENV_CALL_THREADS
+
     print(
         f"[production shape] x{scale}: {config.data.train_batch_size} x {config.actor_rollout_ref.rollout.n} "
         f"episodes a step, validation x{config.actor_rollout_ref.rollout.val_kwargs.n}: {peak} at once at most; "
-        f"{workers} agent-loop workers, {threads} threads each"
+        f"{workers} agent-loop workers, up to {ENV_CALL_THREADS} environment-call threads each"
     )
     probe = out / f"probe-x{scale}"
     shutil.rmtree(probe, ignore_errors=True)  # an earlier run's
@@ -311,7 +292,7 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
         config.env_service.url = url
         launch.set_run_environment(config)
         OmegaConf.resolve(config)  # as verl's task runner does before it builds anything
-        _start_ray(config, probe, node_cores)
+        _start_ray(config, probe)
         try:
             results = _rollouts(config, steps, probe)
         finally:
@@ -319,9 +300,9 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
     return results
 
 
-def _start_ray(config, probe: Path, node_cores: int) -> None:
-    """A local Ray cluster with the run's runtime env (as verl's run_ppo starts one), plus the probe (and the GPU
-    node's thread pools) in every verl process."""
+def _start_ray(config, probe: Path) -> None:
+    """A local Ray cluster with the run's runtime env (as verl's run_ppo starts one), plus the probe in every verl
+    process."""
     import ray
     from omegaconf import OmegaConf
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
@@ -331,7 +312,6 @@ def _start_ray(config, probe: Path, node_cores: int) -> None:
     )
     env = runtime_env.setdefault("env_vars", {})
     env[PROBE_DIR] = str(probe)
-    env[NODE_CORES] = str(node_cores)
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(
         filter(None, [env.get("VERL_USE_EXTERNAL_MODULES"), "production_shape"])
     )
@@ -453,20 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="training rollouts per scale (default 3)")
     parser.add_argument("--scales", default="1,2", help="concurrency scales: 1 = the recipe's (default 1,2)")
     parser.add_argument("--out", default="experiments/production_shape", help="run folder (service log, probes)")
-    parser.add_argument(
-        "--node-cores",
-        type=int,
-        default=64,
-        help="cores of the GPU node the agent-loop workers' thread pools are sized for (default 64: 32 threads "
-        "each, asyncio's most); 0: this machine's",
-    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env_service.serve.workers=4")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = Path(args.out).resolve()
     results = []
     for scale in [int(s) for s in args.scales.split(",")]:
-        results += run_scale(args.conf, scale, args.steps, out, args.overrides, args.node_cores)
+        results += run_scale(args.conf, scale, args.steps, out, args.overrides)
     tokens = max(r["tokens"] for r in results if r["phase"].startswith("step"))
     mean = max(r["mean_tokens"] for r in results if r["phase"].startswith("step"))
     print(

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,20 @@ logger = logging.getLogger(__name__)
 TRUNCATION_MARKER = "\n... truncate ..."
 ERROR_TEXT_CHARS = 2000
 _CLIENTS: dict[tuple, Any] = {}
+#: Threads for the environment calls of one worker process's episodes. Each call blocks its thread for the HTTP round
+#: trip, so the default executor (min(32, cores + 4) threads, 6 on a 2-core machine) would cap the episodes waiting
+#: on the service at once below a worker's share of a step (validation: 400 / 8 workers = 50) and stall verl's own
+#: tokenisation, which runs there too. Threads start only as calls need them.
+ENV_CALL_THREADS = 256
+_ENV_CALLS: ThreadPoolExecutor | None = None
+
+
+async def env_call(fn, *args):
+    """``fn(*args)`` (a blocking service call) on the environment-call threads of this process."""
+    global _ENV_CALLS
+    if _ENV_CALLS is None:
+        _ENV_CALLS = ThreadPoolExecutor(max_workers=ENV_CALL_THREADS, thread_name_prefix="seal-env-call")
+    return await asyncio.get_running_loop().run_in_executor(_ENV_CALLS, lambda: fn(*args))
 
 
 class EpisodeFailed(RuntimeError):
@@ -265,7 +280,7 @@ class BfclAgentLoop(AgentLoopBase):
     # ---- service calls -----------------------------------------------------------------------------
 
     async def _env_call(self, fn, *args):
-        return await self.loop.run_in_executor(None, lambda: fn(*args))
+        return await env_call(fn, *args)
 
     async def _release_quietly(self, instance_id: str) -> None:
         try:

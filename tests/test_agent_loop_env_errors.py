@@ -77,3 +77,19 @@ def test_env_errors_follow_the_structured_error_type(tokenizer):
     assert len(errors) == 1, errors
     assert '"error"' in errors[0] and "No such file or directory" in errors[0]
     assert output.extra_fields["seal_model_calls"] == len(replies)
+
+
+def test_a_workers_episodes_wait_on_the_service_together_whatever_the_cores():
+    """Env calls run on the agent loop's own threads: a worker's share of validation (50 episodes) can all be waiting
+    on the service at once, where the default executor (6 threads on 2 cores) would queue all but 6 of them."""
+    import threading
+
+    from seal.agent_loop import env_call
+
+    waiting = 50
+    barrier = threading.Barrier(waiting, timeout=10)
+
+    async def all_at_once():
+        return await asyncio.gather(*(env_call(barrier.wait) for _ in range(waiting)))
+
+    assert sorted(asyncio.run(all_at_once())) == list(range(waiting))  # a broken barrier raises instead
