@@ -32,6 +32,8 @@ whether the heavily weighted decoy is unlearnt faster when A-Patch is on. The fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -116,9 +118,15 @@ def rises(result: dict, sigmas: float, margin: float) -> bool:
     return result["diff"] > sigmas * result["diff_se"] and result["diff"] >= margin
 
 
+@functools.cache
+def composed(recipe: str, overrides: tuple[str, ...] = ()):
+    """``recipe`` composed once per process (Hydra takes a second or two a composition); callers only read it."""
+    return compose_recipe(str(ROOT / recipe), list(overrides))
+
+
 def recipe_decoys(recipe: str) -> dict[str, list[str]]:
     """The recipe's warm-start decoys: ``{task: [old, new, ...]}``."""
-    return dict(compose_recipe(str(ROOT / recipe)).seal.tiny_model.warm_start.get("decoys") or {})
+    return dict(composed(recipe).seal.tiny_model.warm_start.get("decoys") or {})
 
 
 def choice_roles(decoys: dict[str, list[str]]) -> dict[str, str]:
@@ -157,7 +165,7 @@ class FirstChoice:
         from seal.apatch import APatchConfig, resolve_weights
         from seal.cpu.warm_start import episode_texts
 
-        config = compose_recipe(str(ROOT / recipe))
+        config = composed(recipe)
         self.apatch = APatchConfig.from_dict(config.seal.apatch)
         self.weights = resolve_weights(self.apatch)
         ((task_id, (old, *wrong)),) = recipe_decoys(recipe).items()  # one task, whose first call is the open choice
@@ -166,10 +174,13 @@ class FirstChoice:
         self.texts = [episode_texts(self.task, self.env.tool_prompt_mode, None)] + [
             episode_texts(self.task, self.env.tool_prompt_mode, (old, new)) for new in wrong
         ]
-        self._tags: dict[str, tuple[str, ...]] = {}
+        self._evaluations: dict[tuple, dict] = {}
 
-    def tags(self, first_message: str) -> tuple[str, ...]:
-        if first_message not in self._tags:
+    def evaluation(self, first_message: str, reward=None) -> dict:
+        """The environment's evaluation of the episode that sends ``first_message`` and then the ground truth's
+        other messages (``reward``: an ``env_service.config.RewardConfig``, default the episode's own)."""
+        key = (first_message, reward)
+        if key not in self._evaluations:
             from env_service.episode import Episode
 
             episode = Episode(self.task, "train", self.env)
@@ -178,10 +189,13 @@ class FirstChoice:
                 for text in [first_message, *self.texts[0][1:]]:
                     if episode.step(text).terminated:
                         break
-                self._tags[first_message] = tuple(episode.evaluate()["tags"])
+                self._evaluations[key] = episode.evaluate(reward)
             finally:
                 episode.close()
-        return self._tags[first_message]
+        return self._evaluations[key]
+
+    def tags(self, first_message: str) -> tuple[str, ...]:
+        return tuple(self.evaluation(first_message)["tags"])
 
     def scale(self, tags) -> float:
         """The A-Patch scale the recipe's static weights give an episode of these tags."""
@@ -329,6 +343,51 @@ def steering(args) -> int:
     return 0 if verdict["passed"] else 1
 
 
+# ---- --apatch-exact: Stage A, what a tag weight does to the policy, measured exactly --------------------------
+
+
+def exact(args) -> int:
+    """Stage A (``scripts/apatch_exact.py``): per batch seed, every condition's arms after 1 and 3 updates. The
+    results go to ``<out>/apatch_exact.json`` seed by seed (``--reuse`` analyses them without running)."""
+    import apatch_exact as ax
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "apatch_exact.json"
+    seeds = args.seeds or list(ax.PILOT_SEEDS)
+    saved = json.loads(path.read_text()) if path.exists() else {"seeds": {}}
+    model, tokenizer = ax.warm_model()
+    candidates = ax.load_candidates(tokenizer, model.config.model_type)
+    probabilities = ax.candidate_probabilities(model, candidates)
+    ratio = max(probabilities.values()) / min(probabilities.values())
+    for name, c in candidates.items():
+        print(f"{name:6s} p {probabilities[name]:.3f}  tags {c.evaluation['tags']}  scale {c.scale:.2f}: {c.text!r}")
+    print(
+        f"max/min probability {ratio:.2f} (comparable: within 2); other first messages {1 - sum(probabilities.values()):.3f}"
+    )
+    if ratio > 2:
+        raise SystemExit("the warm start left the candidates more than a factor of 2 apart")
+    conds = ax.conditions(model.config.hidden_size)
+    saved |= {
+        "probabilities": probabilities,
+        "conditions": {name: dataclasses.asdict(c) for name, c in conds.items()},
+        "batch_shape": ax.batch_shape(),
+    }
+    begin = None
+    for seed in seeds:
+        if str(seed) not in saved["seeds"] or not args.reuse:
+            start = time.perf_counter()
+            begin = begin or ax.starts(model, candidates, probabilities)
+            saved["seeds"][str(seed)] = ax.run_seed(model, begin, candidates, probabilities, seed, conds)
+            saved["seeds"][str(seed)]["wall_s"] = time.perf_counter() - start
+            path.write_text(json.dumps(saved, indent=2) + "\n")
+        print("\n".join(ax.seed_lines(seed, saved["seeds"][str(seed)])), flush=True)
+    results = {seed: saved["seeds"][str(seed)] for seed in seeds}
+    for line in ax.summary_lines(results):
+        print(line)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/learning_check", help="where both runs and the figure go")
@@ -341,11 +400,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: exp/cpu_learning_apatch.yaml with A-Patch on and off, per --seeds (docs/learning-check.md)",
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(STEERING_SEEDS), help="rollout seeds (steering)")
+    parser.add_argument(
+        "--apatch-exact",
+        action="store_true",
+        help="instead: Stage A, the A-Patch arms measured exactly in-process, per --seeds (scripts/apatch_exact.py)",
+    )
+    parser.add_argument("--pilot", action="store_true", help="with --apatch-exact: the pilot's seeds")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="rollout seeds (steering: 42 1 2) or batch seeds (exact)"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.apatch_steering:
+        args.seeds = args.seeds or list(STEERING_SEEDS)
         return steering(args)
+    if args.apatch_exact:
+        return exact(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
