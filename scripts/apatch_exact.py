@@ -470,6 +470,9 @@ WARMUP_SEED = 0
 #: the KL loss: what the batch itself pushed is ``off - none``.
 STUDIED_ARMS = ("on", "off", "swapped", "none")
 PILOT_SEEDS = (1001, 1002, 1003, 1004, 1005)
+#: The registered run's batch seeds: as many as the pilot's power computation asked for, and at least 20
+#: (docs/learning-check.md; disjoint from the pilot's, the warm-up's and the calibration's 998 and 999).
+REGISTERED_SEEDS = tuple(range(1, 21))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,4 +601,124 @@ def summary_lines(results: dict[int, dict]) -> list[str]:
                 + " ".join(f"{key} {m:+.4f}±{se:.4f}" for key, (m, se) in stats.items())
                 + f"  on<off in {below}/{len(d)}, swapped>off in {above}/{len(d)}"
             )
+    return lines
+
+
+# ---- the registered test (docs/learning-check.md, committed with the pilot before the registered run) ----------
+
+#: Each sign test's one-sided level: 0.05 over the 8 tests (4 conditions x 2 arms), Bonferroni.
+ALPHA = 0.05 / 8
+#: A relative effect's transmission (AdamW's over SGD's, per seed) at or above this: the scales pass through.
+TRANSMITS = 0.5
+#: The predicted direction of each arm's relative effect: A-Patch on pushes the heavy decoy down harder (r_on < 0),
+#: the swapped weights push the light one harder (r_swapped > 0).
+PREDICTED = {"on": -1, "swapped": +1}
+
+
+def sign_test_threshold(n: int, alpha: float = ALPHA) -> int:
+    """The fewest of ``n`` seeds in the predicted direction that a one-sided sign test at ``alpha`` accepts."""
+    tail = 0.0
+    for c in range(n, -1, -1):
+        tail += math.comb(n, c) / 2**n
+        if tail > alpha:
+            return c + 1
+    return 0
+
+
+def sign_test_power(n: int, p: float, alpha: float = ALPHA) -> float:
+    """P(at least ``sign_test_threshold(n)`` of ``n`` seeds in the predicted direction) when each is with ``p``."""
+    c = sign_test_threshold(n, alpha)
+    return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(c, n + 1))
+
+
+def relative_effects(results: dict, condition: str, updates: int = UPDATES) -> dict[str, list[float]]:
+    """Per arm (on, swapped): each seed's relative effect ``r`` (the paired difference from off over the batch's
+    push)."""
+    d = [changes(r, condition, updates) for r in results.values()]
+    return {arm: [x[f"r_{arm}"] for x in d] for arm in PREDICTED}
+
+
+def transmissions(results: dict, condition: str, updates: int = UPDATES) -> dict[str, list[float]]:
+    """Per arm: each seed's AdamW relative effect over the SGD control's on the same batch: 1 is what the scales
+    imply (SGD passes them through), 0 nothing."""
+    adam, sgd = relative_effects(results, condition, updates), relative_effects(results, "sgd", updates)
+    return {arm: [a / s for a, s in zip(adam[arm], sgd[arm])] for arm in PREDICTED}
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def power_lines(pilot: dict, n_min: int = 20, n_max: int = 100) -> tuple[list[str], int]:
+    """From the pilot: the seeds each registered test needs, and the registered number (at least ``n_min``).
+
+    Sign tests: each seed's relative effect is taken as normal with the pilot's mean and standard deviation, so a
+    seed lands in the predicted direction with p = Phi(mean / sd) (signed by the prediction); the seeds needed are
+    the fewest for 90 % power at ALPHA with the effect halved (p = Phi(mean / 2 sd)). Transmission: the seeds for
+    the median's 95 % interval (1.96 x 1.2533 sd / sqrt(n), the normal approximation) to exclude TRANSMITS when the
+    median is the pilot's."""
+    from statistics import NormalDist, stdev
+
+    phi = NormalDist().cdf
+    lines, needed = [f"power from the pilot's {len(pilot)} seeds (after {UPDATES} updates):"], [n_min]
+    for condition in ("sgd", "adamw_recipe", "adamw_small", "adamw_warmed"):
+        r = relative_effects(pilot, condition)
+        t = transmissions(pilot, condition) if condition != "sgd" else None
+        for arm, sign in PREDICTED.items():
+            mean, sd = sum(r[arm]) / len(r[arm]), stdev(r[arm])
+            p_half = phi(sign * mean / (2 * sd))
+            n_sign = next((n for n in range(5, n_max + 1) if sign_test_power(n, p_half) >= 0.9), None)
+            line = (
+                f"  {condition:12s} r_{arm:8s} mean {mean:+.3f} sd {sd:.3f}: p(halved) {p_half:.3f} -> {n_sign} seeds"
+            )
+            needed.append(n_sign or n_max)
+            if t is not None:
+                m, sd_t = median(t[arm]), stdev(t[arm])
+                n_t = math.ceil((1.96 * 1.2533 * sd_t / abs(m - TRANSMITS)) ** 2) if m != TRANSMITS else n_max
+                line += f"; transmission median {m:.2f} sd {sd_t:.2f} -> {n_t} seeds"
+                needed.append(min(n_t, n_max))
+            lines.append(line)
+    n = max(needed)
+    lines.append(f"registered: {n} seeds (at least {n_min}); a sign test then needs {sign_test_threshold(n)}/{n}")
+    return lines, n
+
+
+def verdict(results: dict) -> dict:
+    """The registered rule (docs/learning-check.md). Per condition: each arm's sign test (seeds in the predicted
+    direction against ``sign_test_threshold``) and, for AdamW, the median transmission; a condition shows the link
+    when both sign tests pass, and passes it through when both medians are at least TRANSMITS. The SGD control must
+    show the link, or the study says nothing. The link survives AdamW when the warmed optimizer passes it through:
+    the optimizer's state of every update after a run's first few."""
+    n = len(results)
+    need = sign_test_threshold(n)
+    out: dict = {"seeds": n, "sign_test_needs": need, "conditions": {}}
+    for condition in ("sgd", "adamw_recipe", "adamw_small", "adamw_warmed"):
+        r = relative_effects(results, condition)
+        c = {f"{arm}_in_direction": sum(sign * x > 0 for x in r[arm]) for arm, sign in PREDICTED.items()}
+        c["link"] = all(c[f"{arm}_in_direction"] >= need for arm in PREDICTED)
+        if condition != "sgd":
+            t = transmissions(results, condition)
+            c |= {f"{arm}_transmission_median": median(t[arm]) for arm in PREDICTED}
+            c["passes_through"] = c["link"] and all(c[f"{arm}_transmission_median"] >= TRANSMITS for arm in PREDICTED)
+        out["conditions"][condition] = c
+    out["control_holds"] = out["conditions"]["sgd"]["link"]
+    out["survives_adamw"] = out["control_holds"] and out["conditions"]["adamw_warmed"]["passes_through"]
+    return out
+
+
+def verdict_lines(v: dict) -> list[str]:
+    lines = [f"registered rule over {v['seeds']} seeds (a sign test needs {v['sign_test_needs']}/{v['seeds']}):"]
+    for condition, c in v["conditions"].items():
+        line = (
+            f"  {condition:12s} r_on < 0 in {c['on_in_direction']}/{v['seeds']}, r_swapped > 0 in "
+            f"{c['swapped_in_direction']}/{v['seeds']}: link {'yes' if c['link'] else 'NO'}"
+        )
+        if "passes_through" in c:
+            line += (
+                f"; transmission median on {c['on_transmission_median']:.2f}, swapped "
+                f"{c['swapped_transmission_median']:.2f}: passes through {'yes' if c['passes_through'] else 'no'}"
+            )
+        lines.append(line)
+    lines.append(f"positive control holds: {v['control_holds']}; the link survives AdamW: {v['survives_adamw']}")
     return lines

@@ -354,7 +354,7 @@ def exact(args) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     path = out / "apatch_exact.json"
-    seeds = args.seeds or list(ax.PILOT_SEEDS)
+    seeds = args.seeds or list(ax.PILOT_SEEDS if args.pilot else ax.REGISTERED_SEEDS)
     saved = json.loads(path.read_text()) if path.exists() else {"seeds": {}}
     model, tokenizer = ax.warm_model()
     candidates = ax.load_candidates(tokenizer, model.config.model_type)
@@ -385,7 +385,18 @@ def exact(args) -> int:
     results = {seed: saved["seeds"][str(seed)] for seed in seeds}
     for line in ax.summary_lines(results):
         print(line)
-    return 0
+    if args.pilot:
+        lines, n = ax.power_lines(results)
+        print("\n".join(lines))
+        saved["power"] = {"lines": lines, "seeds": n}
+        path.write_text(json.dumps(saved, indent=2) + "\n")
+        return 0
+    verdict = ax.verdict(results)
+    saved["verdict"] = verdict
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+    for line in ax.verdict_lines(verdict):
+        print(line)
+    return 0 if verdict["survives_adamw"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
