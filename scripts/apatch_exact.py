@@ -19,8 +19,10 @@ once more), and the optimizer's state carries over. The reference policy of the 
 
 The metric is the teacher-forced change of ``log pi(heavy) - log pi(light)`` (each the log-probability of the
 candidate's whole first message, its end-of-turn token included) after each update. Arms: A-Patch ``on``, ``off``
-(``seal.apatch.enable: false``) and ``swapped`` (the two decoys' tag weights exchanged). ``ones`` (every weight and
-bound 1) is the negative control: it must equal ``off`` to the last bit. Plain SGD is the positive control.
+(``seal.apatch.enable: false``), ``swapped`` (the two decoys' tag weights exchanged) and ``none`` (every advantage
+zeroed: the optimizer's step from its own state, so that ``off - none`` is what the batch pushed). ``ones`` (every
+weight and bound 1) is the negative control: it must equal ``off`` to the last bit. Conditions: AdamW fresh (a run's
+first updates) at two learning rates, AdamW warmed (its state after 20 updates), and plain SGD, the positive control.
 
 ``scripts/learning_check.py --apatch-exact`` runs the study; ``scripts/apatch_exact_gpu.py`` the same on a Qwen2.5
 architecture in bf16 under FSDP2.
