@@ -399,6 +399,106 @@ def exact(args) -> int:
     return 0 if verdict["survives_adamw"] else 1
 
 
+# ---- --apatch-live: Stage B, the live check with the candidates' exact log-probabilities every step -------------
+
+#: Stage B's design (docs/learning-check.md, registered before its runs): the exact recipe with A-Patch on, off
+#: (its own switch) and swapped (the decoys' tag weights exchanged), paired by rollout seed, through the launcher;
+#: every step's weights saved in Hugging Face form, so that the candidates' log-probabilities are exact as in Stage A.
+LIVE_RECIPE = "exp/cpu_learning_apatch_exact.yaml"
+LIVE_SEEDS = (42, 1)
+LIVE_OVERRIDES = (
+    "actor_rollout_ref.actor.optim.lr=2.8e-5",  # Stage A's analogue of the released 1e-6
+    "actor_rollout_ref.actor.optim.weight_decay=0.01",  # the released optimizer and loss aggregation
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+    "actor_rollout_ref.rollout.temperature=1.0",  # the released temperature, Stage A's log-probabilities
+    "trainer.total_training_steps=6",
+    "trainer.save_freq=1",  # every step's weights (the checkpoint's huggingface/ folder) ...
+    "seal.checkpoint.keep_only_best=false",  # ... all kept
+)
+LIVE_ARMS = ("on", "off", "swapped")
+
+
+def checkpoint_logprobs(checkpoints: Path, candidates: dict) -> dict[int, dict[str, float]]:
+    """``{step: {candidate: log pi(its first message)}}`` from every step's saved weights (``global_step_N/actor/
+    huggingface``), teacher-forced as in Stage A."""
+    import apatch_exact as ax
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for step_dir in sorted(checkpoints.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])):
+        model = AutoModelForCausalLM.from_pretrained(step_dir / "actor" / "huggingface", dtype=torch.float32)
+        with torch.no_grad():
+            logprobs = ax.candidate_logprobs(model, candidates)
+        out[int(step_dir.name.rsplit("_", 1)[1])] = {
+            name: ax.first_message_logprob(logprobs, c) for name, c in candidates.items()
+        }
+    return out
+
+
+def live(args) -> int:
+    """Stage B: per rollout seed, the live runs of each arm; M = log pi(heavy) - log pi(light) exactly at every step
+    (step 0: the warm start), the options the episodes chose, the paired differences; the registered rule
+    (docs/learning-check.md). ``<out>/apatch_live.json``."""
+    import apatch_exact as ax
+    import torch
+
+    out = Path(args.out).resolve()
+    seeds = args.seeds or list(LIVE_SEEDS)
+    model, tokenizer = ax.warm_model(LIVE_RECIPE)
+    candidates = ax.load_candidates(tokenizer, model.config.model_type, LIVE_RECIPE)
+    arms = ax.arm_overrides(candidates, LIVE_RECIPE)
+    with torch.no_grad():
+        logprobs = ax.candidate_logprobs(model, candidates)
+    start = {name: ax.first_message_logprob(logprobs, c) for name, c in candidates.items()}
+    choice = FirstChoice(LIVE_RECIPE)
+    options = choice.options()
+    results, wall = {}, {}
+    for seed in seeds:
+        seed_dir = out / f"seed{seed}"
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        results[seed] = {}
+        for arm in LIVE_ARMS:
+            extra = [*LIVE_OVERRIDES, *arms[arm], f"actor_rollout_ref.rollout.seed={seed}", *args.overrides]
+            if not args.reuse:
+                wall[f"{seed}/{arm}"] = run(arm, seed_dir, extra, LIVE_RECIPE)
+            per_step = {0: start} | checkpoint_logprobs(seed_dir / "checkpoints" / arm, candidates)
+            results[seed][arm] = {
+                "logprobs": per_step,
+                "metric": {t: lp["heavy"] - lp["light"] for t, lp in per_step.items()},
+                "options": option_counts(rollout_rows(seed_dir / arm), options, choice),
+            }
+    verdict = live_verdict(results)
+    summary = {"overrides": LIVE_OVERRIDES, "seeds": results, "wall_s": wall, "verdict": verdict}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "apatch_live.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for seed, runs in results.items():
+        for arm, r in runs.items():
+            counts = " ".join(f"{c['right']}/{c['heavy']}/{c['light']}/{c['other']}" for c in r["options"].values())
+            print(f"seed {seed:>3} A-Patch {arm:7s} right/heavy/light/other per step: {counts}")
+            print(f"{'':12s}M per step: " + " ".join(f"{m:+.4f}" for m in r["metric"].values()))
+        for contrast, d in verdict["paired"][seed].items():
+            print(f"seed {seed:>3} {contrast} per step: " + " ".join(f"{x:+.4f}" for x in d.values()))
+    print(
+        f"on-swapped after the last step below 0 in {verdict['below']}/{len(results)} seeds -> "
+        f"{'PASS' if verdict['passed'] else 'FAIL'}"
+    )
+    return 0 if verdict["passed"] else 1
+
+
+def live_verdict(results: dict) -> dict:
+    """The registered rule: A-Patch on leaves log pi(heavy) - log pi(light) lower than the swapped weights do after
+    the last step, in every seed (on and swapped weigh every other episode alike); on-off is reported."""
+    paired = {}
+    for seed, runs in results.items():
+        paired[seed] = {}
+        for other in ("swapped", "off"):
+            a, b = runs["on"]["metric"], runs[other]["metric"]
+            paired[seed][f"on-{other}"] = {t: a[t] - b[t] for t in a if t in b}
+    below = sum(d["on-swapped"][max(d["on-swapped"])] < 0 for d in paired.values())
+    return {"paired": paired, "below": below, "passed": below == len(paired)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/learning_check", help="where both runs and the figure go")
@@ -418,7 +518,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pilot", action="store_true", help="with --apatch-exact: the pilot's seeds")
     parser.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="rollout seeds (steering: 42 1 2) or batch seeds (exact)"
+        "--apatch-live",
+        action="store_true",
+        help="instead: Stage B, the live on/off/swapped runs with exact log-probabilities per step, per --seeds",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="rollout seeds (steering: 42 1 2; live: 42 1) or batch seeds (exact)",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
@@ -427,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         return steering(args)
     if args.apatch_exact:
         return exact(args)
+    if args.apatch_live:
+        return live(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
