@@ -68,3 +68,28 @@ def test_under_plain_sgd_the_decoys_scales_show_through(setup):
     assert change["swapped"].scales[0]["heavy"] < 1.0 < change["swapped"].scales[0]["light"]
     # heavy pushed down twice as hard and light a quarter less: heavy - light falls further; swapped: less far
     assert on < off < swapped, (on, off, swapped)
+
+
+def test_the_gpu_script_runs_through_reduced_on_cpu(tmp_path):
+    """``scripts/apatch_exact_gpu.py --smoke``: the GPU script's code (a Qwen2.5-shaped model warm-started, verl's
+    FSDP2 wrapping in bf16, every condition and arm) on CPU with a 2-layer model and a 64-token prompt, so that it
+    is known to start and run through before a GPU is lent; the negative control is exact there too."""
+    import json
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:  # the one-process group's port: a free one, other runs may hold the default
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "MASTER_PORT": port, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [sys.executable, str(REPO / "scripts" / "apatch_exact_gpu.py"), "--smoke", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "apatch_exact_gpu.json").read_text())
+    (seed,) = summary["seeds"].values()
+    assert set(seed["conditions"]) == {"adamw_recipe", "adamw_small", "adamw_warmed", "sgd"}
+    for condition in seed["conditions"].values():
+        arms = condition["arms"]
+        assert arms["ones"]["metric"] == arms["off"]["metric"]
+        assert arms["on"]["metric"] != arms["off"]["metric"]
