@@ -27,11 +27,22 @@ whether the heavily weighted decoy is unlearnt faster when A-Patch is on. The fi
 ``<out>/apatch_steering.json``.
 
     python scripts/learning_check.py --apatch-steering --out experiments/apatch_steering
+
+``--apatch-exact`` measures the tag weight's effect on the policy exactly, in-process (``scripts/apatch_exact.py``:
+A-Patch on, off and swapped, teacher-forced log-probabilities after 1 and 3 updates; ``--pilot`` for the pilot
+seeds); ``--apatch-live`` runs the same arms through the launcher and computes the metric from each step's weights
+(docs/learning-check.md, Stage A and Stage B).
+
+    python scripts/learning_check.py --apatch-exact --pilot --out experiments/apatch_exact_pilot
+    python scripts/learning_check.py --apatch-exact --out experiments/apatch_exact
+    python scripts/learning_check.py --apatch-live --out experiments/apatch_live
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -116,9 +127,15 @@ def rises(result: dict, sigmas: float, margin: float) -> bool:
     return result["diff"] > sigmas * result["diff_se"] and result["diff"] >= margin
 
 
+@functools.cache
+def composed(recipe: str, overrides: tuple[str, ...] = ()):
+    """``recipe`` composed once per process (Hydra takes a second or two a composition); callers only read it."""
+    return compose_recipe(str(ROOT / recipe), list(overrides))
+
+
 def recipe_decoys(recipe: str) -> dict[str, list[str]]:
     """The recipe's warm-start decoys: ``{task: [old, new, ...]}``."""
-    return dict(compose_recipe(str(ROOT / recipe)).seal.tiny_model.warm_start.get("decoys") or {})
+    return dict(composed(recipe).seal.tiny_model.warm_start.get("decoys") or {})
 
 
 def choice_roles(decoys: dict[str, list[str]]) -> dict[str, str]:
@@ -157,7 +174,7 @@ class FirstChoice:
         from seal.apatch import APatchConfig, resolve_weights
         from seal.cpu.warm_start import episode_texts
 
-        config = compose_recipe(str(ROOT / recipe))
+        config = composed(recipe)
         self.apatch = APatchConfig.from_dict(config.seal.apatch)
         self.weights = resolve_weights(self.apatch)
         ((task_id, (old, *wrong)),) = recipe_decoys(recipe).items()  # one task, whose first call is the open choice
@@ -166,10 +183,13 @@ class FirstChoice:
         self.texts = [episode_texts(self.task, self.env.tool_prompt_mode, None)] + [
             episode_texts(self.task, self.env.tool_prompt_mode, (old, new)) for new in wrong
         ]
-        self._tags: dict[str, tuple[str, ...]] = {}
+        self._evaluations: dict[tuple, dict] = {}
 
-    def tags(self, first_message: str) -> tuple[str, ...]:
-        if first_message not in self._tags:
+    def evaluation(self, first_message: str, reward=None) -> dict:
+        """The environment's evaluation of the episode that sends ``first_message`` and then the ground truth's
+        other messages (``reward``: an ``env_service.bfcl.config.RewardConfig``, default the episode's own)."""
+        key = (first_message, reward)
+        if key not in self._evaluations:
             from env_service.bfcl.episode import Episode
 
             episode = Episode(self.task, "train", self.env)
@@ -178,10 +198,13 @@ class FirstChoice:
                 for text in [first_message, *self.texts[0][1:]]:
                     if episode.step(text).terminated:
                         break
-                self._tags[first_message] = tuple(episode.evaluate()["tags"])
+                self._evaluations[key] = episode.evaluate(reward)
             finally:
                 episode.close()
-        return self._tags[first_message]
+        return self._evaluations[key]
+
+    def tags(self, first_message: str) -> tuple[str, ...]:
+        return tuple(self.evaluation(first_message)["tags"])
 
     def scale(self, tags) -> float:
         """The A-Patch scale the recipe's static weights give an episode of these tags."""
@@ -329,6 +352,162 @@ def steering(args) -> int:
     return 0 if verdict["passed"] else 1
 
 
+# ---- --apatch-exact: Stage A, what a tag weight does to the policy, measured exactly --------------------------
+
+
+def exact(args) -> int:
+    """Stage A (``scripts/apatch_exact.py``): per batch seed, every condition's arms after 1 and 3 updates. The
+    results go to ``<out>/apatch_exact.json`` seed by seed (``--reuse`` analyses them without running)."""
+    import apatch_exact as ax
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "apatch_exact.json"
+    seeds = args.seeds or list(ax.PILOT_SEEDS if args.pilot else ax.REGISTERED_SEEDS)
+    saved = json.loads(path.read_text()) if path.exists() else {"seeds": {}}
+    model, tokenizer = ax.warm_model()
+    candidates = ax.load_candidates(tokenizer, model.config.model_type)
+    probabilities = ax.candidate_probabilities(model, candidates)
+    ratio = max(probabilities.values()) / min(probabilities.values())
+    for name, c in candidates.items():
+        print(f"{name:6s} p {probabilities[name]:.3f}  tags {c.evaluation['tags']}  scale {c.scale:.2f}: {c.text!r}")
+    print(
+        f"max/min probability {ratio:.2f} (comparable: within 2); other first messages {1 - sum(probabilities.values()):.3f}"
+    )
+    if ratio > 2:
+        raise SystemExit("the warm start left the candidates more than a factor of 2 apart")
+    conds = ax.conditions(model.config.hidden_size)
+    saved |= {
+        "probabilities": probabilities,
+        "conditions": {name: dataclasses.asdict(c) for name, c in conds.items()},
+        "batch_shape": ax.batch_shape(),
+    }
+    begin = None
+    for seed in seeds:
+        if str(seed) not in saved["seeds"] or not args.reuse:
+            start = time.perf_counter()
+            begin = begin or ax.starts(model, candidates, probabilities)
+            saved["seeds"][str(seed)] = ax.run_seed(model, begin, candidates, probabilities, seed, conds)
+            saved["seeds"][str(seed)]["wall_s"] = time.perf_counter() - start
+            path.write_text(json.dumps(saved, indent=2) + "\n")
+        print("\n".join(ax.seed_lines(seed, saved["seeds"][str(seed)])), flush=True)
+    results = {seed: saved["seeds"][str(seed)] for seed in seeds}
+    for line in ax.summary_lines(results):
+        print(line)
+    if args.pilot:
+        lines, n = ax.power_lines(results)
+        print("\n".join(lines))
+        saved["power"] = {"lines": lines, "seeds": n}
+        path.write_text(json.dumps(saved, indent=2) + "\n")
+        return 0
+    verdict = ax.verdict(results)
+    saved["verdict"] = verdict
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+    for line in ax.verdict_lines(verdict):
+        print(line)
+    return 0 if verdict["survives_adamw"] else 1
+
+
+# ---- --apatch-live: Stage B, the live check with the candidates' exact log-probabilities every step -------------
+
+#: Stage B's design (docs/learning-check.md, registered before its runs): the exact recipe with A-Patch on, off
+#: (its own switch) and swapped (the decoys' tag weights exchanged), paired by rollout seed, through the launcher;
+#: every step's weights saved in Hugging Face form, so that the candidates' log-probabilities are exact as in Stage A.
+LIVE_RECIPE = "exp/cpu_learning_apatch_exact.yaml"
+LIVE_SEEDS = (42, 1)
+LIVE_OVERRIDES = (
+    "actor_rollout_ref.actor.optim.lr=2.8e-5",  # Stage A's analogue of the released 1e-6
+    "actor_rollout_ref.actor.optim.weight_decay=0.01",  # the released optimizer and loss aggregation
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+    "actor_rollout_ref.rollout.temperature=1.0",  # the released temperature, Stage A's log-probabilities
+    "trainer.total_training_steps=6",
+    "trainer.save_freq=1",  # every step's weights (the checkpoint's huggingface/ folder) ...
+    "seal.checkpoint.keep_only_best=false",  # ... all kept
+)
+LIVE_ARMS = ("on", "off", "swapped")
+
+
+def checkpoint_logprobs(checkpoints: Path, candidates: dict) -> dict[int, dict[str, float]]:
+    """``{step: {candidate: log pi(its first message)}}`` from every step's saved weights (``global_step_N/actor/
+    huggingface``), teacher-forced as in Stage A."""
+    import apatch_exact as ax
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for step_dir in sorted(checkpoints.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])):
+        model = AutoModelForCausalLM.from_pretrained(step_dir / "actor" / "huggingface", dtype=torch.float32)
+        with torch.no_grad():
+            logprobs = ax.candidate_logprobs(model, candidates)
+        out[int(step_dir.name.rsplit("_", 1)[1])] = {
+            name: ax.first_message_logprob(logprobs, c) for name, c in candidates.items()
+        }
+    return out
+
+
+def live(args) -> int:
+    """Stage B: per rollout seed, the live runs of each arm; M = log pi(heavy) - log pi(light) exactly at every step
+    (step 0: the warm start), the options the episodes chose, the paired differences; the registered rule
+    (docs/learning-check.md). ``<out>/apatch_live.json``."""
+    import apatch_exact as ax
+    import torch
+
+    out = Path(args.out).resolve()
+    seeds = args.seeds or list(LIVE_SEEDS)
+    model, tokenizer = ax.warm_model(LIVE_RECIPE)
+    candidates = ax.load_candidates(tokenizer, model.config.model_type, LIVE_RECIPE)
+    arms = ax.arm_overrides(candidates, LIVE_RECIPE)
+    with torch.no_grad():
+        logprobs = ax.candidate_logprobs(model, candidates)
+    start = {name: ax.first_message_logprob(logprobs, c) for name, c in candidates.items()}
+    choice = FirstChoice(LIVE_RECIPE)
+    options = choice.options()
+    results, wall = {}, {}
+    for seed in seeds:
+        seed_dir = out / f"seed{seed}"
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        results[seed] = {}
+        for arm in LIVE_ARMS:
+            extra = [*LIVE_OVERRIDES, *arms[arm], f"actor_rollout_ref.rollout.seed={seed}", *args.overrides]
+            if not args.reuse:
+                wall[f"{seed}/{arm}"] = run(arm, seed_dir, extra, LIVE_RECIPE)
+            per_step = {0: start} | checkpoint_logprobs(seed_dir / "checkpoints" / arm, candidates)
+            results[seed][arm] = {
+                "logprobs": per_step,
+                "metric": {t: lp["heavy"] - lp["light"] for t, lp in per_step.items()},
+                "options": option_counts(rollout_rows(seed_dir / arm), options, choice),
+            }
+    verdict = live_verdict(results)
+    summary = {"overrides": LIVE_OVERRIDES, "seeds": results, "wall_s": wall, "verdict": verdict}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "apatch_live.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for seed, runs in results.items():
+        for arm, r in runs.items():
+            counts = " ".join(f"{c['right']}/{c['heavy']}/{c['light']}/{c['other']}" for c in r["options"].values())
+            print(f"seed {seed:>3} A-Patch {arm:7s} right/heavy/light/other per step: {counts}")
+            print(f"{'':12s}M per step: " + " ".join(f"{m:+.4f}" for m in r["metric"].values()))
+        for contrast, d in verdict["paired"][seed].items():
+            print(f"seed {seed:>3} {contrast} per step: " + " ".join(f"{x:+.4f}" for x in d.values()))
+    print(
+        f"on-swapped after the last step below 0 in {verdict['below']}/{len(results)} seeds -> "
+        f"{'PASS' if verdict['passed'] else 'FAIL'}"
+    )
+    return 0 if verdict["passed"] else 1
+
+
+def live_verdict(results: dict) -> dict:
+    """The registered rule: A-Patch on leaves log pi(heavy) - log pi(light) lower than the swapped weights do after
+    the last step, in every seed (on and swapped weigh every other episode alike); on-off is reported."""
+    paired = {}
+    for seed, runs in results.items():
+        paired[seed] = {}
+        for other in ("swapped", "off"):
+            a, b = runs["on"]["metric"], runs[other]["metric"]
+            paired[seed][f"on-{other}"] = {t: a[t] - b[t] for t in a if t in b}
+    below = sum(d["on-swapped"][max(d["on-swapped"])] < 0 for d in paired.values())
+    return {"paired": paired, "below": below, "passed": below == len(paired)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/learning_check", help="where both runs and the figure go")
@@ -341,11 +520,33 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: exp/cpu_learning_apatch.yaml with A-Patch on and off, per --seeds (docs/learning-check.md)",
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(STEERING_SEEDS), help="rollout seeds (steering)")
+    parser.add_argument(
+        "--apatch-exact",
+        action="store_true",
+        help="instead: Stage A, the A-Patch arms measured exactly in-process, per --seeds (scripts/apatch_exact.py)",
+    )
+    parser.add_argument("--pilot", action="store_true", help="with --apatch-exact: the pilot's seeds")
+    parser.add_argument(
+        "--apatch-live",
+        action="store_true",
+        help="instead: Stage B, the live on/off/swapped runs with exact log-probabilities per step, per --seeds",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="rollout seeds (steering: 42 1 2; live: 42 1) or batch seeds (exact)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.apatch_steering:
+        args.seeds = args.seeds or list(STEERING_SEEDS)
         return steering(args)
+    if args.apatch_exact:
+        return exact(args)
+    if args.apatch_live:
+        return live(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 

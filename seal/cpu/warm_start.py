@@ -113,6 +113,30 @@ def shared_prefix_loss(model, examples: list[tuple[list[int], list[int]]]):
     return loss
 
 
+def fit_examples(model, groups: list[list[tuple[list[int], list[int]]]], steps: int, lr: float) -> float:
+    """``steps`` full-batch AdamW steps (no weight decay) of the token-mean loss over every example of every group
+    (a group: examples that share their prefix, run once by ``shared_prefix_loss``); returns the last loss. The
+    token tensors are made on torch's default device (``with torch.device(...)`` to train elsewhere)."""
+    import torch
+
+    token_count = sum(sum(mask) for group in groups for _, mask in group)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    loss_sum = 0.0
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_sum = 0.0
+        for group in groups:  # one task at a time: the token-mean over all examples of all tasks
+            loss = shared_prefix_loss(model, group)
+            (loss / token_count).backward()
+            loss_sum += loss.item()
+        optimizer.step()
+        if step % 10 == 0 or step == steps - 1:
+            print(f"[warm start] step {step + 1}/{steps} loss {loss_sum / token_count:.4f}", flush=True)
+    model.eval()
+    return loss_sum / token_count
+
+
 def common_prefix_length(sequences: list[list[int]]) -> int:
     length = min(len(s) for s in sequences)
     for i in range(length):
@@ -185,22 +209,8 @@ def warm_start(
             *(episode_tokens(task, env_params, tokenizer, model_type, (old, new)) for new in wrong),
         ]
 
-    groups = [task_examples(task) for task in tasks]
-    token_count = sum(sum(mask) for group in groups for _, mask in group)
     torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    for step in range(steps):
-        optimizer.zero_grad()
-        loss_sum = 0.0
-        for group in groups:  # one task at a time: the token-mean over all examples of all tasks
-            loss = shared_prefix_loss(model, group)
-            (loss / token_count).backward()
-            loss_sum += loss.item()
-        optimizer.step()
-        if step % 10 == 0 or step == steps - 1:
-            print(f"[warm start] step {step + 1}/{steps} loss {loss_sum / token_count:.4f}", flush=True)
-    model.eval()
+    fit_examples(model, [task_examples(task) for task in tasks], steps, lr)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:  # written aside and swapped in, so a crash never leaves a directory that looks finished
