@@ -307,7 +307,9 @@ def output_problems(path: str) -> list[str]:
         if recipe is not None:
             ok = str(recipe.seal.run_dir) == f"experiments/{name}"
             return inside_ci_run(rest, "run") if ok else [f"{path}: the recipe's run folder is {recipe.seal.run_dir}"]
-        scripts = [(ROOT / "scripts" / s).read_text() for s in ("reproduce.py", "learning_check.py", "apatch_exact_gpu.py")]
+        scripts = [
+            (ROOT / "scripts" / s).read_text() for s in ("reproduce.py", "learning_check.py", "apatch_exact_gpu.py")
+        ]
         if not rest and any(f"experiments/{name}" in text for text in scripts):
             return []  # a script's --out, as the script's own usage names it
         if not rest and name.endswith(make_tables.OOD_SUFFIX) and make_tables.table1_key(name[: -len("__ood")]):
