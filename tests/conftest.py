@@ -13,6 +13,16 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """Each test leaves os.environ as it found it: code that sets a run's variables in its own process (the
+    launcher's node services) would otherwise hand them to every process a later test starts."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
     from seal.cpu.tiny_model import build_tiny_model

@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
+import sys
 import time
 
 import psutil
@@ -27,12 +29,13 @@ def _rss(*pids: int) -> int:
     return sum(psutil.Process(pid).memory_info().rss for pid in pids)
 
 
-def test_an_idle_episode_counts_what_it_holds_in_the_service_and_its_worker():
-    """Before: an episode created and never stepped counted its prompt (~25 KB) while the service and its worker grew
-    by ~154 KB for it (its own copy of the task, its backends' state, the service's copies of its first answer)."""
+def measure_idle_episodes() -> list[tuple[str, float, float]]:
+    """(task, bytes counted, bytes the service and its worker grew by) per idle episode, for a small backend state
+    and a large one; with every episode still live, the client's total checked against what it was told."""
+    measured = []
     with ServerThread(EpisodeManager(workers=1)) as server, EnvClient(server.url, retries=0) as client:
         worker, live = server.manager.health()["per_worker"][0]["pid"], []
-        for task_id in ("multi_turn_base_0", "multi_turn_long_context_0"):  # a small backend state, a large one
+        for task_id in ("multi_turn_base_0", "multi_turn_long_context_0"):
             for _ in range(10):  # the allocators' first growth is not the episodes'
                 client.release(client.create(task_id, "validate")["instance_id"])
             gc.collect()
@@ -41,12 +44,26 @@ def test_an_idle_episode_counts_what_it_holds_in_the_service_and_its_worker():
             gc.collect()
             time.sleep(0.2)
             grown = (_rss(psutil.Process().pid, worker) - before) / IDLE_EPISODES
-            counted = sum(c["info"]["kept_bytes"] for c in created) / IDLE_EPISODES
-            assert 0.6 < counted / grown < 1.6, (task_id, counted, grown)
+            measured.append((task_id, sum(c["info"]["kept_bytes"] for c in created) / IDLE_EPISODES, grown))
             live.extend(created)  # kept until the end: memory they free would be reused by the next ones
         assert server.manager._client_bytes["addr:loopback"] == sum(c["info"]["kept_bytes"] for c in live)
         for c in live:
             client.release(c["instance_id"])
+    return measured
+
+
+def test_an_idle_episode_counts_what_it_holds_in_the_service_and_its_worker():
+    """Before: an episode created and never stepped counted its prompt (~25 KB) while the service and its worker grew
+    by ~154 KB for it (its own copy of the task, its backends' state, the service's copies of its first answer).
+
+    Measured in a fresh interpreter: after a long test session this process reuses memory freed by earlier tests,
+    and grows by less than what it allocates."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for task_id, counted, grown in json.loads(done.stdout.splitlines()[-1]):
+        assert 0.6 < counted / grown < 1.6, (task_id, counted, grown)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,3 +137,7 @@ def test_failure_profiles_are_budgeted_in_bytes_per_client_and_in_total():
     for k, run_id in enumerate(("p", "q", "r", "s")):
         manager.set_profile(profile, run_id=run_id, client=f"client-{k}")
     assert [manager.get_profile(run)["version"] for run in ("p", "q", "r", "s")] == [0, 2, 3, 4]
+
+
+if __name__ == "__main__":  # test_an_idle_episode_counts_what_it_holds_in_the_service_and_its_worker's measurement
+    print(json.dumps(measure_idle_episodes()))

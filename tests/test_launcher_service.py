@@ -18,6 +18,7 @@ from processes import alive, processes, service_and_workers, wait_for
 
 from env_service.client import EnvClient, EnvServiceError
 from env_service.http.service import ServerThread
+from seal import launch
 from seal.launch import PreflightError, compose_recipe, environment_service
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,3 +260,23 @@ def test_past_its_restart_budget_the_run_stops_with_one_line_naming_why(tmp_path
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+def test_each_run_logs_into_its_own_folder_unless_the_user_says_otherwise(tmp_path, monkeypatch):
+    """Before: the second run started from one process (a sweep in a notebook, a run after the node services of
+    another) found the first run's logger locations in the environment and wrote its metrics into that run's folder."""
+    for key in ("TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH", launch.LOGGERS_OF_RUN):
+        monkeypatch.delenv(key, raising=False)
+    first, second = tmp_path / "first", tmp_path / "second"
+    launch.set_run_environment(recipe(first))
+    metrics_file = os.environ["VERL_FILE_LOGGER_PATH"]
+    assert Path(metrics_file).parent == first and os.environ["TENSORBOARD_DIR"] == str(first / "tensorboard")
+    launch.set_run_environment(recipe(first))  # the same run again: the same metrics file
+    assert os.environ["VERL_FILE_LOGGER_PATH"] == metrics_file
+    launch.set_run_environment(recipe(second))
+    assert Path(os.environ["VERL_FILE_LOGGER_PATH"]).parent == second
+    assert os.environ["TENSORBOARD_DIR"] == str(second / "tensorboard")
+    monkeypatch.delenv(launch.LOGGERS_OF_RUN)  # a fresh process where the user chose where tensorboard writes
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "mine"))
+    launch.set_run_environment(recipe(first))
+    assert os.environ["TENSORBOARD_DIR"] == str(tmp_path / "mine")

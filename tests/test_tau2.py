@@ -185,7 +185,7 @@ def test_a_category_whose_requirements_are_missing_is_skipped_naming_them(tmp_pa
 def test_checkpoint_refuses_tau2_and_names_the_endpoint_path(tmp_path, capsys):
     argv = ["checkpoint", "--categories", "tau2_retail", "--out", str(tmp_path), "--no-progress"]
     assert seal_eval(argv) == 2
-    assert "run `python -m seal.eval endpoint`" in capsys.readouterr().err
+    assert "`python -m seal.eval endpoint --serve CHECKPOINT --model NAME ...`" in capsys.readouterr().err
     assert not (tmp_path / "results.jsonl").exists()
 
 

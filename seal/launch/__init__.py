@@ -739,13 +739,26 @@ def run_environment(config: DictConfig) -> dict[str, str]:
     env = {**cpu_runtime_env(), **vllm_cpu_env()} if config.trainer.device == "cpu" else {}
     # verl warns at every import about optional engines (megatron, torchtitan, ...) that seal does not use
     env["PYTHONWARNINGS"] = os.environ.get("PYTHONWARNINGS", "ignore::UserWarning:verl.workers.engine")
-    run_dir = Path(config.seal.run_dir).resolve()
-    # verl's file and tensorboard loggers write relative to the cwd by default; keep them with the run
-    env["TENSORBOARD_DIR"] = os.environ.get("TENSORBOARD_DIR", str(run_dir / "tensorboard"))
-    env["VERL_FILE_LOGGER_PATH"] = os.environ.get(
-        "VERL_FILE_LOGGER_PATH", str(run_dir / f"metrics_{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-    )
-    return env
+    return {**env, **logger_locations(Path(config.seal.run_dir).resolve())}
+
+
+#: The run folder whose logger locations this process's environment holds, set with them.
+LOGGERS_OF_RUN = "SEAL_LOGGERS_OF_RUN"
+
+
+def logger_locations(run_dir: Path) -> dict[str, str]:
+    """Where verl's file and tensorboard loggers write (by default relative to the cwd): in the run folder.
+
+    A location already in the environment wins when the user set it, or when this run set it (calling again keeps
+    the metrics file's name). One set for another run (a second run in the same process, or a process started
+    after one) is not the user's: this run derives its own rather than log into that run's folder."""
+    derived = {
+        "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
+        "VERL_FILE_LOGGER_PATH": str(run_dir / f"metrics_{time.strftime('%Y%m%d-%H%M%S')}.jsonl"),
+    }
+    if os.environ.get(LOGGERS_OF_RUN, str(run_dir)) == str(run_dir):
+        derived = {key: os.environ.get(key, value) for key, value in derived.items()}
+    return {**derived, LOGGERS_OF_RUN: str(run_dir)}
 
 
 def ray_runtime_env(config: DictConfig, env_vars: dict[str, str]):
