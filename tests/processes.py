@@ -10,6 +10,15 @@ from pathlib import Path
 
 import pytest
 
+#: The repository whose code the tests' child processes import.
+REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_environment() -> dict[str, str]:
+    """This process's environment with the repository first on ``PYTHONPATH``: a child Python imports this tree,
+    whichever checkout the installed package points at."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
 
 def processes() -> dict[int, dict]:
     """pid -> ``{"ppid", "session", "state", "cmd"}`` of every process."""

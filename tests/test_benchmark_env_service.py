@@ -7,10 +7,11 @@ are recorded in the benchmark's docstring / the project report.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from processes import repo_environment
 
 from env_service.workers.pool import HEARTBEAT_TIMEOUT_S
 
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_benchmark_quick_runs(tmp_path):
     out = tmp_path / "figures.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = repo_environment()
     proc = subprocess.run(
         [sys.executable, "benchmarks/env_service.py", "--quick", "--json", str(out)],
         cwd=REPO,

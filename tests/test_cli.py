@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from processes import repo_environment
 
 from env_service.__main__ import main
 from env_service.bfcl import tasks
@@ -29,7 +30,7 @@ OBS_LITE = {"observation_lite": {"enable": True}}
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = repo_environment()
     return subprocess.run(
         [sys.executable, "-m", "env_service", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -310,7 +311,7 @@ def test_serve_answers_health_then_terminates():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = repo_environment()
     proc = subprocess.Popen(
         [sys.executable, "-m", "env_service", "serve", "--port", str(port), "--log-level", "warning"],
         cwd=REPO,

@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from processes import repo_environment
 
 from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
@@ -58,9 +59,9 @@ def test_an_idle_episode_counts_what_it_holds_in_the_service_and_its_worker():
 
     Measured in a fresh interpreter: after a long test session this process reuses memory freed by earlier tests,
     and grows by less than what it allocates."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, __file__], capture_output=True, text=True, timeout=300, env=repo_environment()
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for task_id, counted, grown in json.loads(done.stdout.splitlines()[-1]):
         assert 0.6 < counted / grown < 1.6, (task_id, counted, grown)
