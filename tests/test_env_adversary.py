@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from test_env_budgets import aliasing_messages
+from test_env_budgets import aliasing_messages, episodes_on_two_workers, worker_of
 from test_env_budgets import call as _call
 
 from env_service import replay
@@ -180,12 +180,8 @@ def test_another_run_cannot_touch_an_episode(service, client):
 # -- class 1: what an episode keeps has a budget ------------------------------------------------------
 
 
-def _worker_of(service, instance_id: str):
-    return next(w for w in service.manager._pool._workers if instance_id in w.episodes)
-
-
 def _worker_rss_mib(service, instance_id: str) -> float:
-    pid = _worker_of(service, instance_id).process.pid
+    pid = worker_of(service, instance_id).process.pid
     with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
 
@@ -220,20 +216,8 @@ def test_refused_call_floods_keep_nothing_and_big_kept_arguments_end_the_episode
 # -- class 7: a busy episode is refused at once; one owner cannot hold the shared threads ----------------
 
 
-def _on_other_workers(client, service, task: str) -> tuple[str, str]:
-    """Two live episodes on different workers (placement may put a second beside the first: retry, bounded)."""
-    first = client.create(task, "validate")["instance_id"]
-    for _ in range(20):
-        second = client.create(TASK, "validate")["instance_id"]
-        if _worker_of(service, second) is not _worker_of(service, first):
-            return first, second
-        client.release(second)
-        time.sleep(0.3)
-    raise AssertionError("no episode landed on the second worker")
-
-
 def test_a_queue_on_one_episode_is_refused_at_once_and_spares_the_others(service, client, other_client_address):
-    hostile, innocent = _on_other_workers(client, service, FS_TASK)
+    hostile, innocent = episodes_on_two_workers(client, service, FS_TASK, TASK)
     for message in aliasing_messages():  # after these, each find runs to its budget
         client.step(hostile, message)
     slow = {"instance_id": hostile, "content": _call("find", path=".")}
@@ -256,15 +240,15 @@ def test_a_queue_on_one_episode_is_refused_at_once_and_spares_the_others(service
             neighbour.step(innocent_mine, "hi")  # another owner's episode: not behind the queue
             innocent_s = time.monotonic() - started
             answers = list(answers)
+        assert neighbour.release(innocent_mine)  # only its owner can: a later test must find no episode left over
     assert innocent_s < 2.0, innocent_s
     refused = [a for a in answers if a[0] in (409, 429)]
     assert {a[1] for a in refused} <= {"episode_busy", "too_many_requests"}
     assert sum(a[0] == 200 for a in answers[:130]) <= 2  # one episode runs one step at a time: the rest refused
     assert max(a[2] for a in refused) < 2.0  # refused at once, not after a wait
     client.step(innocent, "hi")
-    for instance_id in (hostile, innocent, innocent_mine, *spares):
-        requests.post(service.url + "/release", json={"instance_id": instance_id}, timeout=30)
-    neighbour.close()
+    for instance_id in (hostile, innocent, *spares):
+        assert client.release(instance_id)
 
 
 def test_a_clients_many_budget_busting_episodes_delay_another_clients_steps_by_one_message_at_most():
@@ -350,9 +334,9 @@ def _scratch_folders(root: str) -> list[str]:
 def test_a_stopped_worker_shows_in_health_and_no_scratch_folder_outlives_its_worker(service, client):
     pool = service.manager._pool
     stale = tempfile.mkdtemp(prefix=f"seal-env-{2**22 + 12345}-")  # ours: a root left by a killed service
-    victim, survivor = _on_other_workers(client, service, OOD_TASK)
+    victim, survivor = episodes_on_two_workers(client, service, OOD_TASK, TASK)
     (folder,) = _scratch_folders(pool.scratch)  # the OOD episode's folder, inside this service's root
-    worker = _worker_of(service, victim)
+    worker = worker_of(service, victim)
     os.kill(worker.process.pid, signal.SIGSTOP)  # idle: no request to it is overdue, only the heartbeat says so
     started = time.monotonic()
     while requests.get(service.url + "/health", timeout=10).status_code == 200:
@@ -544,11 +528,11 @@ def test_loopback_source_addresses_are_one_owner_for_header_less_requests(small_
 
 def test_a_killed_workers_innocent_episodes_are_rebuilt_on_its_replacement(service, client):
     offender = client.create(TASK, "validate")["instance_id"]
-    worker = _worker_of(service, offender)
+    worker = worker_of(service, offender)
     innocents, elsewhere = [], []
     while len(innocents) < 2 and len(elsewhere) < 20:  # two more beside it (placement spreads them over workers)
         instance_id = client.create(TASK, "validate")["instance_id"]
-        (innocents if _worker_of(service, instance_id) is worker else elsewhere).append(instance_id)
+        (innocents if worker_of(service, instance_id) is worker else elsewhere).append(instance_id)
     for instance_id in elsewhere:
         client.release(instance_id)
     assert len(innocents) == 2

@@ -143,23 +143,31 @@ def test_cat_flood_is_truncated(client):
     client.release(iid)
 
 
-def _worker_of(service, instance_id: str):
+def worker_of(service, instance_id: str):
     return next(w for w in service.manager._pool._workers if instance_id in w.episodes)
 
 
-def _episodes_on_each_worker(client, service) -> tuple[str, str]:
-    """Two live episodes on different workers. Placement skips a worker that was busy over most of the last few
-    seconds (a worker just replaced by the previous test, or one slowed by a loaded machine), so a second episode
-    may land beside the first: create until one lands on the other worker (bounded), releasing the extras."""
-    first = client.create("multi_turn_base_2", "validate")["instance_id"]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        second = client.create("multi_turn_base_2", "validate")["instance_id"]
-        if _worker_of(service, second) is not _worker_of(service, first):
-            return first, second
-        client.release(second)
-        time.sleep(0.5)
-    raise AssertionError("no episode was placed on the second worker within 30 s")
+def episodes_on_two_workers(client, service, first_task: str, second_task: str) -> tuple[str, str]:
+    """Two live episodes on different workers. Placement picks the calm worker (not busy over most of the last few
+    seconds) holding the fewest episodes, so a second episode may land beside the first: a worker just replaced or
+    slowed by a loaded machine, or episodes an earlier test left. Each such one is held, which tips the count to the
+    other worker, and released once it is found (bounded)."""
+    first = client.create(first_task, "validate")["instance_id"]
+    beside = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            second = client.create(second_task, "validate")["instance_id"]
+            if worker_of(service, second) is not worker_of(service, first):
+                return first, second
+            beside.append(second)
+            time.sleep(0.3)
+        pool, now = service.manager._pool, time.monotonic()
+        held = [(len(w.episodes), round(pool._busy_share(w, now), 2)) for w in pool._workers]
+        raise AssertionError(f"no episode was placed on the second worker in 30 s; (episodes, busy share): {held}")
+    finally:
+        for instance_id in beside:
+            assert client.release(instance_id)
 
 
 def _survivor_passes(client, instance_id: str) -> None:
@@ -170,8 +178,8 @@ def _survivor_passes(client, instance_id: str) -> None:
 
 
 def test_killed_worker_is_replaced_and_its_episodes_go_on(service, client):
-    victim, survivor = _episodes_on_each_worker(client, service)
-    worker = _worker_of(service, victim)
+    victim, survivor = episodes_on_two_workers(client, service, "multi_turn_base_2", "multi_turn_base_2")
+    worker = worker_of(service, victim)
     restarts = worker.restarts
     os.kill(worker.process.pid, signal.SIGKILL)  # between requests: no episode's doing
     _survivor_passes(client, victim)  # rebuilt on the replacement before its next step
@@ -183,8 +191,8 @@ def test_killed_worker_is_replaced_and_its_episodes_go_on(service, client):
 
 
 def test_hung_worker_is_killed_after_its_deadline(service, client):
-    victim, survivor = _episodes_on_each_worker(client, service)
-    worker = _worker_of(service, victim)
+    victim, survivor = episodes_on_two_workers(client, service, "multi_turn_base_2", "multi_turn_base_2")
+    worker = worker_of(service, victim)
     os.kill(worker.process.pid, signal.SIGSTOP)  # stops answering, like work no timer can interrupt
     outcome: dict = {}
 
