@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-from processes import repo_environment
+from processes import REPO, repo_environment
 
 from env_service.workers.pool import HEARTBEAT_TIMEOUT_S
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_benchmark_quick_runs(tmp_path):

@@ -12,11 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
-from processes import repo_environment
+from processes import REPO, repo_environment
 
 from env_service.__main__ import main
 from env_service.bfcl import tasks
@@ -25,7 +24,6 @@ from env_service.bfcl.config import EnvConfig
 from env_service.bfcl.episode import Episode
 from env_service.http.service import ServerThread
 
-REPO = Path(__file__).resolve().parents[1]
 OBS_LITE = {"observation_lite": {"enable": True}}
 
 
