@@ -6,7 +6,8 @@
 Generated assistant messages (hypothesis): tool calls in both formats (``<tool_call>`` JSON and Python call lists)
 whose names, argument names and values are random Unicode (lone surrogates as JSON or Python escapes, control, bidi
 and look-alike characters, the task's real tool names), arguments given as JSON strings (the lenient parser's path),
-nested up to 1,200 levels, huge and non-finite numbers, broken JSON, chat-template tokens and plain text, one to four
+nested up to 1,200 levels, huge and non-finite numbers, broken JSON, the backbones' control strings (Qwen ChatML and
+Llama 3.1: the environment echoes them) and plain text, one to four
 of them an episode, under every tool-prompt mode (``bfcl_qwen_fc``, ``toolace_llama``; strict and lenient parsers; tool
 availability enforced or not; ``ipython`` results; train-only interface features), on multi-turn and OOD memory tasks.
 
@@ -19,7 +20,8 @@ Two layers, both against one real service over HTTP (``ServerThread``, one episo
 Invariants: no request answers 5xx (a step may answer 4xx: a lone surrogate in the raw text is 422); every text of
 every reply is valid Unicode (``env_service.json_safe.valid_text``); every episode evaluates (a verdict, a reward in
 [0, 1]); nothing propagates out of ``BfclAgentLoop.run`` and no episode of a healthy service fails there; no episode
-failure, lost episode or worker restart in the service's ``/health``. ``tests/test_model_output_fuzz.py`` runs both
+failure, lost episode or worker restart in the service's ``/health``; no environment turn of the loop's context holds
+a control token beyond its chat template's own (``TemplateTokens``). ``tests/test_model_output_fuzz.py`` runs both
 layers bounded (derandomized) and shows that a broken reply check is caught.
 """
 
@@ -83,7 +85,14 @@ _ANY_CHAR = st.characters(codec=None, categories=None, exclude_categories=())
 _HOSTILE_CHARS = st.sampled_from(
     ["\ud800", "\udfff", "\ud83d", "\x00", "\x1b", "\u202e", "\u200d", "\ufeff", "\u0441", "\uff43", "\u0301", "\n"]
 )
-_TEXT = st.text(st.one_of(_ANY_CHAR, _HOSTILE_CHARS), max_size=12)
+#: The control strings of the backbones' tokenizers (Qwen ChatML, the Llama 3.1 format): a policy writes them as text
+#: for the environment to echo back into its own context.
+CONTROL_STRINGS = [
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
+]  # fmt: skip
+_CHARS = st.text(st.one_of(_ANY_CHAR, _HOSTILE_CHARS), max_size=12)
+_TEXT = st.one_of(_CHARS, st.lists(st.one_of(_CHARS, st.sampled_from(CONTROL_STRINGS)), max_size=3).map("".join))
 #: Names a red team would try: lone surrogates (which a reply echoes), look-alikes (Cyrillic, fullwidth, combining),
 #: bidi and zero-width characters, and more.
 _SURROGATE_NAMES = ["\ud800", "ls\udfff", "\udc00cd"]
@@ -324,21 +333,24 @@ def fuzz_service(url: str, examples: int, seed: int | None = None, shrink: bool 
 
 class ScriptedServer:
     """verl's generation-server interface answering each generation with the next scripted message, as the real
-    tokenizer's token ids (a plain "Done." once the script is used up)."""
+    tokenizer's token ids, then the end-of-turn token ``end`` (a plain "Done." once the script is used up).
+    The text is tokenized as a model writes it: markup such as ``<tool_call>`` as its added token, except that with
+    ``ordinary`` every character is an ordinary token (a model can write a control string's text, piece by piece)."""
 
-    def __init__(self, tokenizer, messages: list[str]):
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.tokenizer, self.messages = tokenizer, list(messages)
+    def __init__(self, tokenizer, messages: list[str], end: str = "<|im_end|>", ordinary: bool = False):
+        self.end = tokenizer.convert_tokens_to_ids(end)
+        self.tokenizer, self.messages, self.ordinary = tokenizer, list(messages), ordinary
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
         text = self.messages.pop(0) if self.messages else "Done."
-        return TokenOutput(token_ids=self.tokenizer.encode(text, add_special_tokens=False) + [self.end])
+        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=self.ordinary)
+        return TokenOutput(token_ids=ids + [self.end])
 
 
-def loop_config(url: str, max_model_calls: int = 4):
-    """The CPU recipe's trainer config with the agent loop's service at ``url``."""
+def loop_config(url: str, max_model_calls: int = 4, overrides: tuple[str, ...] = ()):
+    """The CPU recipe's trainer config with the agent loop's service at ``url`` (and Hydra ``overrides``)."""
     from omegaconf import OmegaConf
 
     from seal.launch import compose_recipe
@@ -352,6 +364,7 @@ def loop_config(url: str, max_model_calls: int = 4):
             "seal.rollout.episode_retries=0",
             "data.max_prompt_length=8192",  # multi_turn_base_0's tool schemas are long
             "actor_rollout_ref.rollout.max_model_len=12000",
+            *overrides,
         ],
     )
     OmegaConf.resolve(config)
@@ -359,10 +372,18 @@ def loop_config(url: str, max_model_calls: int = 4):
 
 
 def run_loop(
-    config, tokenizer, messages: list[str], task: str, split: str, env_params: dict | None = None, prepare=None
+    config,
+    tokenizer,
+    messages: list[str],
+    task: str,
+    split: str,
+    env_params: dict | None = None,
+    prepare=None,
+    server=None,
+    hf_model_type: str = "qwen2",
 ):
-    """One ``BfclAgentLoop.run`` whose generations are ``messages``; ``env_params`` update the recipe's env block;
-    ``prepare(loop)`` runs before it (a test's hook)."""
+    """One ``BfclAgentLoop.run`` whose generations are ``messages`` (or ``server``'s); ``env_params`` update the
+    recipe's env block; ``prepare(loop)`` runs before it (a test's hook)."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -371,12 +392,12 @@ def run_loop(
     async def go():
         loop = BfclAgentLoop(
             trainer_config=DictConfigWrap(config),
-            server_manager=ScriptedServer(tokenizer, messages),
+            server_manager=server or ScriptedServer(tokenizer, messages),
             tokenizer=tokenizer,
             processor=None,
             dataset_cls=RLHFDataset,
             data_config=DictConfigWrap(config.data),
-            hf_model_type="qwen2",
+            hf_model_type=hf_model_type,
         )
         if env_params is not None:
             loop.env_params = {**loop.env_params, **env_params}
@@ -388,10 +409,53 @@ def run_loop(
     return asyncio.run(go())
 
 
+def env_segments(output) -> list[list[int]]:
+    """The runs of mask-0 tokens of an agent loop's response: the environment's turns, each with its template's
+    framing."""
+    segments, current = [], []
+    for token, mask in zip(output.response_ids, output.response_mask):
+        if mask == 0:
+            current.append(token)
+        elif current:
+            segments.append(current)
+            current = []
+    return segments + ([current] if current else [])
+
+
+class TemplateTokens:
+    """The control tokens an environment turn may hold: the chat template's own, in its order (read from an ordinary
+    turn), and the ``<tool_response>`` tags the service frames each result in (it escapes them in the data)."""
+
+    def __init__(self, config, tokenizer):
+        from env_service.control_text import FRAMING
+
+        self.control = {i for i, t in tokenizer.added_tokens_decoder.items() if not t.content.isspace()}
+        self.framing = set(tokenizer.convert_tokens_to_ids(list(FRAMING)))
+        ordinary = run_loop(config, tokenizer, [json_tool_call("ls", {})], "multi_turn_base_0", "train")
+        self.turn = self.template_ids(env_segments(ordinary)[0])
+
+    def template_ids(self, segment: list[int]) -> list[int]:
+        return [t for t in segment if t in self.control and t not in self.framing]
+
+    def check(self, output) -> None:
+        """Every environment turn holds the template's control tokens (a prefix of them, where the response was cut),
+        and framing tags in pairs: no control token came from the text the environment returned."""
+        for segment in env_segments(output):
+            own = self.template_ids(segment)
+            assert own == self.turn[: len(own)], f"a control token from the environment's text: {own} vs {self.turn}"
+            opened = sum(t in self.framing for t in segment)
+            assert opened % 2 == 0, f"a lone <tool_response> tag in an environment turn ({opened} tags)"
+
+
+def json_tool_call(name: str, arguments: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
 def fuzz_agent_loop(config, tokenizer, examples: int, seed: int | None = None, shrink: bool = True) -> int:
     """``examples`` episodes of the real agent loop whose generations are generated messages (``config``:
     ``loop_config``'s); raises on a broken invariant. Returns the number of episodes."""
     runs = [0]
+    template = TemplateTokens(config, tokenizer)
     qwen_modes = [c for c in CONFIGS if c.get("tool_result_mode") != "ipython"]  # the Qwen template has no ipython
 
     @_settings(examples, seed, shrink)
@@ -405,6 +469,7 @@ def fuzz_agent_loop(config, tokenizer, examples: int, seed: int | None = None, s
         assert not fields["seal_failed"], f"the episode failed in the agent loop: {fields['seal_error']}"
         assert 0.0 <= output.reward_score <= 1.0, output.reward_score
         assert len(output.response_ids) == len(output.response_mask)
+        template.check(output)
 
     _seeded(episode, seed)()
     return runs[0]

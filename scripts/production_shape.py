@@ -138,6 +138,7 @@ def compose(conf: str, scale: int, run_dir: Path, overrides: list[str]):
             "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=1",
             "seal.validation.max_env_failure_share=1.0",  # every failure counted here, not stopped at
+            "seal.validation.max_other_failure_share=1.0",
             f"seal.run_dir={run_dir}",
             *overrides,
         ],
@@ -338,7 +339,7 @@ def _rollouts(config, steps: int, probe: Path) -> list[dict]:
     from verl.workers.rollout.llm_server import LLMServerManager
 
     from env_service.client import EnvClient
-    from seal.env_failures import SealAgentLoopManager
+    from seal.failed_episodes import SealAgentLoopManager
     from seal.resume import train_sampler
 
     model = omega_conf_to_dataclass(config.actor_rollout_ref.model, HFModelConfig)

@@ -18,11 +18,16 @@ Token discipline:
 
 At the end the service's verdict is the reward and the trajectory carries its diagnosis (category, progress
 tags, paper labels, number of model calls, termination reason) into the batch as ``seal_*`` extra fields.
+Text the environment returns is data, never markup: its control strings (the tokenizer's added and special tokens)
+are escaped before it enters the context (``env_service/control_text.py``), so no reply can forge a turn boundary.
+
 An episode whose service calls keep failing is retried ``seal.rollout.episode_retries`` times, then returned
-with an empty loss mask and ``seal_failed=True``; an episode that cannot start (a first prompt over
-``rollout.prompt_length``), gets a reply the loop cannot put into its context (``UnusableEnvReply``) or fails in any
-other way is returned the same way at once, its reason in ``seal_error``: nothing one sampled message causes ends the
-training step. The trainer counts failed episodes and keeps them out of the GRPO statistics.
+with an empty loss mask and ``seal_failed=True``; an episode that cannot start (an unknown task, a first prompt over
+``rollout.prompt_length``), gets a reply the loop cannot put into its context (``UnusableEnvReply``), whose generation
+fails (``GenerationFailed``) or that fails in any other way is returned the same way at once. Each failed episode
+carries the kind of what failed (``seal_failure_kind``: environment, generation, agent loop, task data;
+``seal/failed_episodes.py``) and its reason (``seal_error``): nothing one sampled message causes ends the training
+step. The trainer counts failed episodes per kind and keeps them out of the GRPO statistics.
 Every trajectory — completed, length-cut, zero-call or failed — has the same extra-field
 keys and, when the rollout returns log-probs, log-probs: verl joins the agent-loop workers' chunks only if they
 agree.
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -42,9 +48,18 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from env_service.client import EnvServiceError, make_client
+from env_service.control_text import ControlText
 from env_service.vocabulary import mode_for_split, task_category
-from seal.env_clients import service_for_this_node
-from seal.env_failures import FAILED_KEY
+from seal.env_clients import NoServiceOnThisNode, service_for_this_node
+from seal.failed_episodes import (
+    AGENT_LOOP,
+    ENVIRONMENT,
+    ERROR_KEY,
+    FAILED_KEY,
+    GENERATION,
+    KIND_KEY,
+    TASK_DATA,
+)
 from seal.resume import SEED_FIELD, attempt_seed, call_seed
 
 logger = logging.getLogger(__name__)
@@ -68,17 +83,39 @@ async def env_call(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(_ENV_CALLS, lambda: fn(*args))
 
 
-class EpisodeFailed(RuntimeError):
-    """The environment service could not run the episode (after retries)."""
-
-
-class PromptTooLong(EpisodeFailed):
+class PromptTooLong(RuntimeError):
     """The first prompt does not fit ``rollout.prompt_length``: retrying cannot help."""
+
+
+class GenerationFailed(RuntimeError):
+    """The rollout server's ``generate`` raised (a vLLM or Ray error): the generation's failure, not the
+    environment's."""
 
 
 class UnusableEnvReply(RuntimeError):
     """A step reply the loop cannot put into the context (not the service's reply shape, or text that is not valid
     Unicode, which the tokenizer refuses); the service never sends one, so the episode fails without a retry."""
+
+
+#: Service-call errors after which the episode is tried again from the start (the service may be back).
+RETRIED = (EnvServiceError, OSError)
+
+
+def failure_kind(error: BaseException) -> str:
+    """What failed, for an error that ended an episode (``seal/failed_episodes.py``)."""
+    if isinstance(error, PromptTooLong) or (isinstance(error, EnvServiceError) and error.error == "unknown_task"):
+        return TASK_DATA
+    if isinstance(error, GenerationFailed):
+        return GENERATION
+    if isinstance(error, (UnusableEnvReply, NoServiceOnThisNode, *RETRIED)):
+        return ENVIRONMENT
+    return AGENT_LOOP
+
+
+@functools.lru_cache(maxsize=8)
+def control_text_of(tokenizer) -> ControlText:
+    """The tokenizer's control strings, built once per worker process (a loop is made for every trajectory)."""
+    return ControlText.from_tokenizer(tokenizer)
 
 
 def env_client(env_cfg):
@@ -96,6 +133,7 @@ def env_client(env_cfg):
             secret=secret,
             timeout_s=float(env_cfg.timeout_s),
             retries=int(env_cfg.retries),
+            pool_size=ENV_CALL_THREADS,  # a connection for every env-call thread: none waits for a pooled one
         )
     return _CLIENTS[key]
 
@@ -139,7 +177,10 @@ class BfclAgentLoop(AgentLoopBase):
         self.max_tokens_per_call = int(seal_cfg.rollout.max_tokens_per_call or self.response_length)
         self.env_params = _to_container(env_cfg.bfcl)
         self.reward_params = _to_container(seal_cfg.reward)
-        self.env = env_client(env_cfg)
+        # the node's service is looked up in the episode (``_service``), off the event loop: on several nodes that
+        # asks a Ray actor, and a missing service must fail the episode with its kind, not this loop's worker
+        self.env = None
+        self.control_text = control_text_of(self.tokenizer)
         self.eos_id = end_of_turn_id(self.tokenizer, seal_cfg.rollout.end_of_turn_token)
         # ``python -m seal.eval``: one record per episode in this results file (off in training)
         self.results_path = seal_cfg.eval.results_path
@@ -149,33 +190,30 @@ class BfclAgentLoop(AgentLoopBase):
         task_id, mode = extra["task_id"], mode_for_split(extra.get("split"))
         metrics: dict[str, Any] = {}
         want_logprobs = bool(sampling_params.get("logprobs"))
-        last_error = None
-        seed = kwargs.get(SEED_FIELD)
-        for attempt in range(self.episode_retries + 1):
+        seed, attempt = kwargs.get(SEED_FIELD), 0
+        while True:
             try:
                 return await self._run_episode(
                     task_id, mode, sampling_params, metrics, want_logprobs, attempt_seed(seed, attempt)
                 )
-            except PromptTooLong as exc:
-                logger.error("episode %s cannot start: %s", task_id, exc)
-                return self._failed_output(task_id, extra, str(exc), metrics, want_logprobs)
-            except (EnvServiceError, EpisodeFailed, OSError) as exc:  # env side failed: retry the episode
-                last_error = exc
+            except Exception as exc:  # noqa: BLE001 - whatever fails, this episode fails, not the step
+                kind = failure_kind(exc)
+                if kind != ENVIRONMENT or not isinstance(exc, RETRIED) or attempt >= self.episode_retries:
+                    logger.error("episode %s failed (kind %s): %s", task_id, kind, exc, exc_info=kind == AGENT_LOOP)
+                    return self._failed_output(task_id, extra, kind, _describe(exc), metrics, want_logprobs)
                 logger.warning(
                     "episode %s attempt %d/%d failed: %s", task_id, attempt + 1, self.episode_retries + 1, exc
                 )
                 await asyncio.sleep(min(2.0**attempt, 8.0) * 0.25)
-            except Exception as exc:  # noqa: BLE001 - an unusable reply, or a bug: this episode fails, not the step
-                logger.exception("episode %s failed in the agent loop", task_id)
-                return self._failed_output(task_id, extra, f"{type(exc).__name__}: {exc}", metrics, want_logprobs)
-        return self._failed_output(task_id, extra, str(last_error), metrics, want_logprobs)
+                attempt += 1
 
     # ---- one episode -------------------------------------------------------------------------------
 
     async def _run_episode(
         self, task_id: str, mode: str, sampling_params: dict, metrics: dict, want_logprobs: bool, seed: int | None
     ) -> AgentLoopOutput:
-        created = await self._env_call(self.env.create, task_id, mode, self.env_params)
+        env = await self._service()
+        created = await self._env_call(env.create, task_id, mode, self.env_params)
         instance_id = created["instance_id"]
         try:
             traj = await self._start(created["messages"])
@@ -226,9 +264,12 @@ class BfclAgentLoop(AgentLoopBase):
         if seed is not None:  # each call its own draw; the same (step, sample, call) draws the same in any run
             params["seed"] = seed
         with _timer(metrics, "generate_sequences"):
-            output = await self.server_manager.generate(
-                request_id=traj.request_id, prompt_ids=traj.token_ids, sampling_params=params
-            )
+            try:
+                output = await self.server_manager.generate(
+                    request_id=traj.request_id, prompt_ids=traj.token_ids, sampling_params=params
+                )
+            except Exception as exc:  # a vLLM or Ray error: named for the generation, never for the environment
+                raise GenerationFailed(_describe(exc)) from exc
         traj.model_calls += 1
         generated = list(output.token_ids)
         merge, mask, logprobs = await self.ct_merge_assistant_token(
@@ -257,7 +298,7 @@ class BfclAgentLoop(AgentLoopBase):
             # Llama-3.1 tool results (env role ``ipython``) go in as ``tool`` messages: verl's token builder appends
             # only tool/user/system/assistant roles, and a Llama-3.1 template renders ``tool`` as the ipython turn.
             role = "tool" if message.get("role") == "ipython" else "user"
-            traj.messages.append({"role": role, "content": self._clip_env_text(message["content"])})
+            traj.messages.append({"role": role, "content": self._context_text(message["content"])})
         merge, mask, logprobs = await self.ct_merge_context_msg(
             previous,
             traj.messages,
@@ -268,6 +309,11 @@ class BfclAgentLoop(AgentLoopBase):
         traj.token_ids, traj.response_mask = merge.token_ids, mask
         if logprobs is not None and traj.response_logprobs:
             traj.response_logprobs = logprobs
+
+    def _context_text(self, content: str) -> str:
+        """An environment message as the context holds it: data (its control strings escaped), then clipped; in that
+        order, so a control string counts as the ordinary tokens it becomes."""
+        return self._clip_env_text(self.control_text.escape(content))
 
     def _clip_env_text(self, content: str) -> str:
         """Environment messages longer than ``max_env_tokens`` keep their first tokens plus a marker."""
@@ -281,6 +327,17 @@ class BfclAgentLoop(AgentLoopBase):
 
     async def _env_call(self, fn, *args):
         return await env_call(fn, *args)
+
+    async def _service(self):
+        """This node's environment client, looked up on the env-call threads (once per process: it is cached)."""
+        if self.env is None:
+            try:
+                self.env = await env_call(env_client, self.config.env_service)
+            except NoServiceOnThisNode:
+                raise
+            except Exception as exc:  # a Ray error asking the node's actor: the environment is what is missing
+                raise NoServiceOnThisNode(f"looking up this node's environment service: {_describe(exc)}") from exc
+        return self.env
 
     async def _release_quietly(self, instance_id: str) -> None:
         try:
@@ -311,12 +368,14 @@ class BfclAgentLoop(AgentLoopBase):
         )
 
     def _failed_output(
-        self, task_id: str, extra: dict, error: str, metrics: dict, want_logprobs: bool
+        self, task_id: str, extra: dict, kind: str, error: str, metrics: dict, want_logprobs: bool
     ) -> AgentLoopOutput:
-        fields = diagnosis_fields(task_id, extra.get("category"), None, 0, "env_error")
-        fields.update(seal_failed=True, seal_error=error[:500])
+        termination = "env_error" if kind == ENVIRONMENT else f"{kind}_error"
+        fields = diagnosis_fields(task_id, extra.get("category"), None, 0, termination)
+        fields.update(seal_failed=True, seal_failure_kind=kind, seal_error=error[:500])
         if self.results_path:
-            self._write_record(task_id, None, Trajectory(token_ids=[], prompt_len=0, termination="env_error"), error)
+            failed = Trajectory(token_ids=[], prompt_len=0, termination=termination)
+            self._write_record(task_id, None, failed, error, failed_by=kind)
         return AgentLoopOutput(
             prompt_ids=[self.eos_id],
             response_ids=[self.eos_id],
@@ -325,10 +384,12 @@ class BfclAgentLoop(AgentLoopBase):
             reward_score=0.0,
             num_turns=0,
             metrics=AgentLoopMetrics(**metrics),
-            extra_fields={**fields, "reward_extra_info": reward_extra_info(0.0, failed=True)},
+            extra_fields={**fields, "reward_extra_info": reward_extra_info(0.0, kind, error)},
         )
 
-    def _write_record(self, task_id: str, evaluation: dict | None, traj: Trajectory, error: str = "") -> None:
+    def _write_record(
+        self, task_id: str, evaluation: dict | None, traj: Trajectory, error: str = "", failed_by: str = ENVIRONMENT
+    ) -> None:
         from seal.eval.records import TurnLog, append_record, make_record
 
         log = TurnLog(self.env_params.get("tool_prompt_mode", "bfcl_qwen_fc"))
@@ -348,6 +409,7 @@ class BfclAgentLoop(AgentLoopBase):
                 source=source,
                 failed=evaluation is None,
                 error=error,
+                failed_by=failed_by,
             ),
         )
 
@@ -388,13 +450,20 @@ def diagnosis_fields(task_id: str, category: str | None, evaluation: dict | None
         "seal_env_errors": [],
         "seal_response_truncated": False,
         "seal_failed": False,
+        "seal_failure_kind": "",
         "seal_error": "",
     }
 
 
-def reward_extra_info(progress: float, failed: bool = False) -> dict:
-    """Per-sample values verl carries into validation metrics; the same keys for every trajectory."""
-    return {"progress": progress, FAILED_KEY: float(failed)}
+def reward_extra_info(progress: float, kind: str = "", error: str = "") -> dict:
+    """Per-sample values verl carries into validation (``seal/failed_episodes.py`` reads and drops the failure keys);
+    the same keys for every trajectory."""
+    return {"progress": progress, FAILED_KEY: float(bool(kind)), KIND_KEY: kind, ERROR_KEY: error[:500]}
+
+
+def _describe(error: BaseException) -> str:
+    """An error as its type and message: the first text a stop message quotes."""
+    return str(error) if isinstance(error, (GenerationFailed, EnvServiceError)) else f"{type(error).__name__}: {error}"
 
 
 def end_of_turn_id(tokenizer, token: str) -> int:

@@ -75,7 +75,7 @@ class DiagnosticStats:
         for traj in trajectories:
             if traj.get("failed"):
                 # An episode the environment could not run carries no verdict and no diagnosis; observing it as
-                # reward 0 / "unknown" would skew the closed loop (seal/env_failures.py).
+                # reward 0 / "unknown" would skew the closed loop (seal/failed_episodes.py).
                 self.failed_skipped += 1
                 continue
             task_id = traj.get("task_id")

@@ -5,8 +5,8 @@ One training step (verl's ``fit`` drives it; this class adds the SEAL parts):
     1. rollout   — verl's agent loop runs ``seal_bfcl`` episodes against the environment service
                    (``seal/agent_loop.py``): 0/1 verdict as reward, per-turn diagnosis in ``seal_*`` fields;
     2. verify    — the service's official BFCL verdict is the reward (``rm_scores`` from the agent loop);
-    3. advantage — verl's GRPO (``algorithm.adv_estimator: grpo``); episodes the environment could not run are
-                   taken out of their group's statistics (``seal/env_failures.py``);
+    3. advantage — verl's GRPO (``algorithm.adv_estimator: grpo``); episodes that could not run (any failure kind) are
+                   taken out of their group's statistics (``seal/failed_episodes.py``);
     4. diagnose  — ``_seal_step``: the batch's tags feed the capability state (closed loop: dynamic tag weights);
     5. A-Patch   — ``_seal_step``: each trajectory's advantage is scaled by clip(mean tag weight) (``seal/apatch.py``);
     6. update    — verl's actor update (FSDP2 engine), unchanged.
@@ -44,7 +44,7 @@ from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats
 from seal.env_clients import profile_client
-from seal.env_failures import regroup_without_failed, split_validation_failures
+from seal.failed_episodes import FAILURE_KINDS, failure_shares, regroup_without_failed, split_validation_failures
 from seal.figures import run_figures
 from seal.resume import resume_data_order, train_sampler, truncate_metric_files
 from seal.units import disk_size
@@ -111,8 +111,8 @@ class SealTrainer(RayPPOTrainer):
         """Diagnose → update the capability state → A-Patch, on the batch verl is about to train on."""
         trajectories = batch_trajectories(batch)
         metrics = rollout_metrics(trajectories)
-        for error in sorted({t["error"] for t in trajectories if t["failed"]}):
-            logger.warning("step %d: episodes failed on the environment side: %s", self.global_steps, error)
+        for kind, error in sorted({(t["failure_kind"], t["error"]) for t in trajectories if t["failed"]}):
+            logger.warning("step %d: episodes failed (kind %s): %s", self.global_steps, kind, error)
         if self.config.algorithm.adv_estimator == "grpo":  # failed episodes leave their group's statistics
             regroup_without_failed(batch, bool(self.config.algorithm.norm_adv_by_std_in_grpo))
         if self.diagnosis_enabled:
@@ -189,7 +189,7 @@ class SealTrainer(RayPPOTrainer):
             sample_uids,
             reward_extra_infos_dict,
             sample_turns,
-            float(self.config.seal.validation.max_env_failure_share),
+            failure_shares(self.config.seal.validation),
         )
         return {**super()._val_metrics_update(*kept), **failures}
 
@@ -349,6 +349,7 @@ def batch_trajectories(batch) -> list[dict]:
                 "labels": list(nt["seal_labels"][i]),
                 "env_texts": list(nt["seal_env_errors"][i]),
                 "failed": failed,
+                "failure_kind": str(nt["seal_failure_kind"][i]),
                 "termination": nt["seal_termination"][i],
                 "model_calls": int(nt["seal_model_calls"][i]),
                 "response_truncated": bool(nt["seal_response_truncated"][i]),
@@ -369,6 +370,8 @@ def rollout_metrics(trajectories: list[dict]) -> dict:
         # episodes longer than rollout.response_length: their tail is cut from the loss (raise it if this grows)
         "seal/rollout/response_truncated": sum(t["response_truncated"] for t in trajectories) / n,
     }
+    for kind in FAILURE_KINDS:  # every kind, zeros too: a curve that appears only when it fails is easy to miss
+        metrics[f"seal/failed_episodes/{kind}"] = sum(t["failure_kind"] == kind for t in trajectories)
     for reason in sorted({t["termination"] for t in trajectories}):
         metrics[f"seal/rollout/termination/{reason}"] = sum(t["termination"] == reason for t in trajectories) / n
     return metrics

@@ -3,6 +3,8 @@ processes a test started (never every Ray cluster on the machine)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import signal
 import time
@@ -68,3 +70,14 @@ def kill_session(session: int, timeout_s: float = 60.0) -> None:
         except ProcessLookupError:
             pass
     wait_for(lambda: not alive(members), timeout_s, f"processes {alive(members)} of session {session} still run")
+
+
+@functools.cache
+def repo_script(relative_path: str):
+    """A script or benchmark of this repository (``benchmarks/…``, ``scripts/…``) imported as a module, once per test
+    session: they are files, not packages, and several tests use their helpers."""
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(f"repo_script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

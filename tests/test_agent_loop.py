@@ -19,8 +19,9 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from env_service.client import EnvServiceError  # noqa: E402
-from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop  # noqa: E402
+from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop, env_client  # noqa: E402
 from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
+from seal.env_clients import NoServiceOnThisNode  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
 from seal.resume import SEED_FIELD  # noqa: E402
 
@@ -180,7 +181,8 @@ def test_over_long_first_prompt_is_a_failed_episode_not_a_crash(tiny_dir, tokeni
     assert out.extra_fields["seal_failed"] is True
     assert "raise data.max_prompt_length" in out.extra_fields["seal_error"]
     assert sum(out.response_mask) == 0 and out.reward_score == 0.0
-    assert out.extra_fields["reward_extra_info"]["env_failed"] == 1.0
+    assert out.extra_fields["seal_failure_kind"] == "task_data"  # the task's prompt, not the environment
+    assert out.extra_fields["reward_extra_info"]["episode_failed"] == 1.0
     # verl joins the workers' chunks only when every trajectory has the same keys and log-probs
     completed = rollout[2]
     assert set(out.extra_fields) == set(completed.extra_fields)
@@ -256,10 +258,11 @@ def test_failing_environment_gives_a_failed_episode_kept_out_of_the_loss(tiny_di
         config,
         tokenizer,
         RecordingServer(None),
-        prepare=lambda loop: monkeypatch.setattr(loop.env, "create", broken_create),
+        prepare=lambda loop: monkeypatch.setattr(env_client(loop.config.env_service), "create", broken_create),
     )
     assert len(calls) == 2  # first try + one retry, then give up
     assert out.extra_fields["seal_failed"] is True and "service unavailable" in out.extra_fields["seal_error"]
+    assert out.extra_fields["seal_failure_kind"] == "environment"
     assert sum(out.response_mask) == 0 and out.reward_score == 0.0
 
 
@@ -289,15 +292,16 @@ def test_a_retried_episode_draws_afresh_and_the_same_in_a_rerun(rollout, tokeniz
         failed = []
 
         def fail_first_step(loop):
-            step = type(loop.env).step  # the client's own (the instance is shared by the process's loops)
+            env = env_client(loop.config.env_service)  # the process's client, which every loop shares
+            step = type(env).step  # the client's own
 
             def flaky(*args):
                 if not failed:
                     failed.append(args)
                     raise EnvServiceError(503, "service unavailable", "http_error")
-                return step(loop.env, *args)
+                return step(env, *args)
 
-            monkeypatch.setattr(loop.env, "step", flaky)
+            monkeypatch.setattr(env, "step", flaky)
 
         out = run_episode(config, tokenizer, server, prepare=fail_first_step, fields={SEED_FIELD: 7})
         assert failed and not out.extra_fields["seal_failed"]  # the first attempt failed, the retry completed
@@ -306,3 +310,37 @@ def test_a_retried_episode_draws_afresh_and_the_same_in_a_rerun(rollout, tokeniz
     first_attempt, retry = generations()
     assert retry != first_attempt
     assert generations() == [first_attempt, retry]
+
+
+@pytest.mark.parametrize(
+    "lookup_error",
+    [NoServiceOnThisNode("no environment service runs on Ray node N"), RuntimeError("RayActorError: the actor died")],
+)
+def test_a_node_without_its_service_fails_the_episode_as_the_environments(tokenizer, monkeypatch, lookup_error):
+    """The node's service is looked up in the episode (on the env-call threads, not the worker's event loop): a
+    loop is still built, and the missing service fails that episode, with its kind, instead of the worker's chunk."""
+    from seal import agent_loop
+
+    def no_service(env_cfg):
+        raise lookup_error
+
+    monkeypatch.setattr(agent_loop, "service_for_this_node", no_service)
+    agent_loop._CLIENTS.clear()
+    out = run_episode(make_config(**{"env_service.url": "http://127.0.0.1:9"}), tokenizer, RecordingServer(None))
+    agent_loop._CLIENTS.clear()
+    fields = out.extra_fields
+    assert fields["seal_failed"] is True and fields["seal_failure_kind"] == "environment", fields["seal_error"]
+    assert str(lookup_error) in fields["seal_error"]
+    assert sum(out.response_mask) == 0 and out.reward_score == 0.0
+
+
+def test_the_env_clients_pool_holds_a_connection_for_every_env_call_thread():
+    """Every env-call thread can hold a kept-alive connection at once (a smaller pool opens and drops a new one for
+    each call beyond it, under the recipe's 256 episodes a step)."""
+    from seal import agent_loop
+
+    agent_loop._CLIENTS.clear()
+    client = env_client(make_config(**{"env_service.url": "http://127.0.0.1:9"}).env_service)
+    agent_loop._CLIENTS.clear()
+    pool = client.session.get_adapter("http://127.0.0.1:9").poolmanager.connection_pool_kw
+    assert pool["maxsize"] >= agent_loop.ENV_CALL_THREADS

@@ -14,10 +14,14 @@ import pytest
 from env_service.bfcl.calls import parse_call_string
 from env_service.bfcl.tasks import load_task
 from env_service.client import make_client
+from env_service.control_text import ControlText
 from seal.eval import report
 from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
 from seal.eval.endpoint import run_episode
 from seal.eval.records import append_record, load_records
+
+#: These episodes replay scripted answers: nothing to escape (the escape: tests/test_env_text_is_data.py).
+NO_MARKUP = ControlText(())
 
 # Passing and failing tasks in every category; multi_turn_miss_func_49's ground truth calls a tool before it is
 # revealed, which our environment refuses: bfcl must fail it too (it only sees the calls that ran).
@@ -65,7 +69,9 @@ def results(tmp_path_factory):
     path = str(root / "results.jsonl")
     env = make_client(None)
     for task_id, damage in TASKS.items():
-        record = run_episode(task_id, replay_model(task_id, damage), env, {}, None, 40, {"mode": "test"})
+        record = run_episode(
+            task_id, replay_model(task_id, damage), env, {}, None, 40, {"mode": "test"}, control=NO_MARKUP
+        )
         append_record(path, record)
     return root, load_records(path)
 

@@ -83,6 +83,8 @@ def test_endpoint_eval_end_to_end_and_resume(vllm_server, tmp_path, capsys):
         vllm_server,
         "--model",
         "tiny",
+        "--tokenizer",
+        str(TINY_DIR),
         "--ids",
         TASKS,
         "--max-model-calls",

@@ -46,13 +46,15 @@ def closed_port() -> int:
         return s.getsockname()[1]  # nothing listens there once the socket is closed
 
 
-def endpoint_argv(endpoint: str, out) -> list[str]:
-    return ["endpoint", "--endpoint", endpoint, "--model", "m", "--ids", TASKS, "--out", str(out), "--no-progress"]
+def endpoint_argv(endpoint: str, out, tokenizer) -> list[str]:
+    """``tokenizer``: the served model's, whose control strings the environment's text is escaped of."""
+    argv = ["endpoint", "--endpoint", endpoint, "--model", "m", "--tokenizer", str(tokenizer), "--ids", TASKS]
+    return argv + ["--out", str(out), "--no-progress"]
 
 
-def test_a_failing_model_endpoint_is_named_and_the_eval_fails(refusing_endpoint, tmp_path, capsys):
+def test_a_failing_model_endpoint_is_named_and_the_eval_fails(refusing_endpoint, tmp_path, capsys, tiny_dir):
     out = tmp_path / "eval"
-    assert main(endpoint_argv(refusing_endpoint, out)) == 1
+    assert main(endpoint_argv(refusing_endpoint, out, tiny_dir)) == 1
     err = capsys.readouterr().err
     assert "2 episode(s) could not run" in err and "2 on the model endpoint" in err
     assert "environment service" not in err
@@ -63,9 +65,9 @@ def test_a_failing_model_endpoint_is_named_and_the_eval_fails(refusing_endpoint,
     assert "2 on the model endpoint" in (out / "table.md").read_text()
 
 
-def test_an_unreachable_environment_service_is_named_and_the_eval_fails(refusing_endpoint, tmp_path, capsys):
+def test_an_unreachable_environment_service_is_named_and_the_eval_fails(refusing_endpoint, tmp_path, capsys, tiny_dir):
     out = tmp_path / "eval"
-    argv = endpoint_argv(refusing_endpoint, out) + ["--env-url", f"http://127.0.0.1:{closed_port()}"]
+    argv = endpoint_argv(refusing_endpoint, out, tiny_dir) + ["--env-url", f"http://127.0.0.1:{closed_port()}"]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "2 on the environment service" in err and "model endpoint" not in err

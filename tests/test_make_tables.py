@@ -58,7 +58,7 @@ def write_training_run(run: Path, passes: dict[int, set[str]]) -> None:
                         "gts": gt,
                         "score": float(task_id in passes[step]),
                         "step": step,
-                        "env_failed": 0.0,
+                        "episode_failed": 0.0,
                     }
                 )
                 + "\n"

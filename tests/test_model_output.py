@@ -17,14 +17,13 @@ read as Python reads it, as bfcl's decoder does. The verifier replays exactly wh
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import requests
+from processes import repo_script
 
 from env_service.bfcl.ood_episode import OodEpisode
 from env_service.bfcl.ood_tasks import load_ood_task
@@ -34,16 +33,7 @@ from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
 from env_service.json_safe import json_safe, sanitise
 
-
-def _fuzz_module():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_model_output.py"
-    spec = importlib.util.spec_from_file_location("benchmark_fuzz_model_output_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FUZZ = _fuzz_module()  # its scripted generation server and agent-loop runner
+FUZZ = repo_script("benchmarks/fuzz_model_output.py")  # its scripted generation server and agent-loop runner
 FS_TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI
 SHORT_TASK = "multi_turn_miss_func_121"  # TradingBot: a short first prompt for the agent loop
 MEMORY_PREREQ = "memory_kv_prereq_32-notetaker-0"
@@ -119,7 +109,9 @@ def test_a_reply_the_agent_loop_cannot_use_fails_only_its_episode(loop_config, t
     creates, releases = [], []
 
     def prepare(loop):
-        env = loop.env
+        from seal.agent_loop import env_client
+
+        env = env_client(loop.config.env_service)
 
         def create(*args, **kwargs):
             creates.append(args)

@@ -8,25 +8,14 @@ The longer run is the command: ``python benchmarks/fuzz_model_output.py --exampl
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from processes import repo_script
 
 import env_service.json_safe
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
 
-
-def _fuzz_module():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_model_output.py"
-    spec = importlib.util.spec_from_file_location("benchmark_fuzz_model_output", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FUZZ = _fuzz_module()
+FUZZ = repo_script("benchmarks/fuzz_model_output.py")
 SERVICE_EXAMPLES = 120
 LOOP_EXAMPLES = 50
 
@@ -56,3 +45,13 @@ def test_the_fuzz_catches_a_broken_reply_check(server, monkeypatch):
     monkeypatch.setattr(env_service.json_safe, "valid_text", lambda text: text)
     with pytest.raises(AssertionError, match="not valid Unicode"):  # it stops at the first one it finds
         FUZZ.fuzz_service(server.url, 3 * SERVICE_EXAMPLES, seed=0, shrink=False)
+
+
+def test_the_fuzz_catches_a_control_token_from_the_environment(server, tokenizer, monkeypatch):
+    """With the agent loop's escape off (as before issue 38), generated messages that make the environment echo a
+    control string (an unknown tool's name, a file's contents) put its token in the context, and the fuzz says so."""
+    from env_service.control_text import ControlText
+
+    monkeypatch.setattr("seal.agent_loop.control_text_of", lambda tokenizer: ControlText([]))
+    with pytest.raises(AssertionError, match="control token from the environment"):
+        FUZZ.fuzz_agent_loop(FUZZ.loop_config(server.url), tokenizer, 4 * LOOP_EXAMPLES, seed=0, shrink=False)

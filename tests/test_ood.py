@@ -27,10 +27,14 @@ from env_service.bfcl import ood_tasks
 from env_service.bfcl.ood_episode import OodEpisode
 from env_service.bfcl.ood_tasks import load_ood_task, ood_task_ids, prereq_chain
 from env_service.client import EnvServiceError, InProcessEnvClient
+from env_service.control_text import ControlText
 from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
 from seal.eval.endpoint import run_episode
 from seal.eval.ood import run_ood, select_ood
 from seal.eval.records import load_records
+
+#: These episodes replay scripted answers: nothing to escape (the escape: tests/test_env_text_is_data.py).
+NO_MARKUP = ControlText(())
 
 OFFLINE_MEMORY = ("memory_kv", "memory_rec_sum")
 
@@ -221,7 +225,9 @@ def _model_for(task_id: str):
 
 def test_bfcl_scores_our_ood_results_as_we_do(env, tmp_path):
     def run(task_id, snapshot):
-        return run_episode(task_id, _model_for(task_id), env, {}, None, 20, {"mode": "test"}, snapshot)
+        return run_episode(
+            task_id, _model_for(task_id), env, {}, None, 20, {"mode": "test"}, snapshot, control=NO_MARKUP
+        )
 
     selection = select_ood(list(OFFLINE_MEMORY), limit=40)
     results = str(tmp_path / "results.jsonl")
@@ -326,7 +332,7 @@ class _ScriptedChat(BaseHTTPRequestHandler):
         pass
 
 
-def test_cli_endpoint_runs_memory_and_skips_what_cannot_run(tmp_path, monkeypatch, capsys):
+def test_cli_endpoint_runs_memory_and_skips_what_cannot_run(tmp_path, monkeypatch, capsys, tiny_dir):
     from seal.eval.__main__ import main
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf"))
@@ -335,6 +341,7 @@ def test_cli_endpoint_runs_memory_and_skips_what_cannot_run(tmp_path, monkeypatc
     threading.Thread(target=server.serve_forever, daemon=True).start()
     out = str(tmp_path / "out")
     argv = ["endpoint", "--endpoint", f"http://127.0.0.1:{server.server_port}/v1", "--model", "scripted"]
+    argv += ["--tokenizer", str(tiny_dir)]  # the environment's text is escaped of its control strings
     argv += ["--categories", "memory_kv,memory_vector,web_search_base", "--limit", "3", "--out", out, "--no-progress"]
     try:
         assert main(argv) == 0

@@ -283,7 +283,7 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
         "trainer.save_freq=0",
         "seal.checkpoint.save_best=false",
         "seal.rollout.episode_retries=0",
-        "seal.validation.max_env_failure_share=1.0",
+        "seal.validation.max_other_failure_share=1.0",  # an unknown task is the task data's failure
         "seal.preflight.prompt_budget=false",  # preflight would refuse the unknown task: the run-time path is tested
         log_name="unknown.log",
     )
@@ -291,7 +291,10 @@ def test_unknown_tasks_fail_cleanly_in_training_and_validation_with_several_work
     log = (tmp_path / "unknown.log").read_text()
     assert rc == 0, log[-6000:]
     assert metric_values(log, "seal/rollout/failed_episodes") == [2.0]  # both rollouts of the unknown task
-    assert metric_values(log, "val-aux/env_failed/count") == [1.0]
+    assert metric_values(log, "seal/failed_episodes/task_data") == [2.0]  # ... named for what failed
+    assert metric_values(log, "seal/failed_episodes/environment") == [0.0]
+    assert metric_values(log, "val-aux/failed_episodes/task_data/count") == [1.0]
+    assert metric_values(log, "val-aux/failed_episodes/environment/count") == [0.0]
     assert "actor/pg_loss" in log
 
 

@@ -77,6 +77,7 @@ def make_batch(rows, response_len=6):
             "seal_model_calls": np.array([3] * n, dtype=object),
             "seal_response_truncated": np.array([False] * (n - 1) + [True], dtype=object),
             "seal_error": np.array(["env down" if r[4] else "" for r in rows], dtype=object),
+            "seal_failure_kind": np.array(["environment" if r[4] else "" for r in rows], dtype=object),
         },
     ), advantages
 
@@ -99,6 +100,8 @@ def test_static_apatch_scales_each_trajectory_by_its_mean_tag_weight(tmp_path):
         assert torch.allclose(batch.batch["advantages"][i], grpo[i] * scale)
     assert metrics["seal/apatch/missing_tag_count"] == 1.0  # the failed episode carries no diagnosis
     assert metrics["seal/rollout/failed_episodes"] == 1
+    assert metrics["seal/failed_episodes/environment"] == 1
+    assert metrics["seal/failed_episodes/generation"] == 0
     assert torch.all(batch.batch["advantages"][4] == 0)  # and nothing of it enters the loss
 
 

@@ -57,6 +57,7 @@ from env_service.bfcl.executor import (
 from env_service.bfcl.parser import ParsedMessage, call_problem, parse_assistant, shown_name
 from env_service.bfcl.tasks import Task
 from env_service.bfcl.verifier import TurnRecord, evaluate_episode, over_budget_text
+from env_service.control_text import SERVICE_MARKUP
 from env_service.sizes import measured_bytes
 from env_service.vocabulary import (
     EPISODE_MODES,
@@ -331,7 +332,14 @@ class Episode:
         )
 
     def _reply(
-        self, content: str, *, role: str = "user", terminated: bool = False, extra: tuple[str, ...] = (), **info
+        self,
+        content: str,
+        *,
+        role: str = "user",
+        terminated: bool = False,
+        extra: tuple[str, ...] = (),
+        framed: bool = False,
+        **info,
     ) -> StepResult:
         info = {
             "turn": self._turn,
@@ -346,6 +354,8 @@ class Episode:
             "kept_bytes": self.kept_bytes,
             **info,
         }
+        if not framed:  # text that is not tool results in their framing holds none of the framing's tags
+            content, extra = SERVICE_MARKUP.escape(content), tuple(SERVICE_MARKUP.escape(t) for t in extra)
         # Every reply, whatever produced it, within max_reply_bytes (its messages together).
         content, *extra = clip_texts([content, *extra], self.limits.max_reply_bytes)
         return StepResult(
@@ -524,9 +534,11 @@ class Episode:
             text = prompts.render_tool_result(result, mode)
             if is_execution_error(result):
                 tool_errors += 1
-                if self._feedback:
-                    text += interface.enrich_tool_result(
-                        result, str(call.name), self.tool_names, self.config.tool_feedback_evolution
+                if self._feedback:  # after the block: it names the call, which is the model's text
+                    text += SERVICE_MARKUP.escape(
+                        interface.enrich_tool_result(
+                            result, str(call.name), self.tool_names, self.config.tool_feedback_evolution
+                        )
                     )
             results.append(text)
         self._kept_bytes -= room  # _keeps reserved max_reply_bytes for the results: only what they kept stays charged
@@ -538,6 +550,7 @@ class Episode:
             contents[0],
             extra=tuple(contents[1:]),
             role=prompts.tool_result_role(mode),
+            framed=True,  # each result escaped before its framing (render_tool_result)
             error_type=error_type,
             num_calls=len(calls),
             num_tool_errors=tool_errors,

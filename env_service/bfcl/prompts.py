@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from env_service.control_text import SERVICE_MARKUP
 from env_service.vocabulary import INVALID_TOOL_CALL_PREFIX
 
 # --- fixed texts -------------------------------------------------------------------------------
@@ -171,8 +172,10 @@ def render_tool_result(content: Any, mode: str = "bfcl_tool_response") -> str:
 
     ``bfcl_tool_response``: ``<tool_response>\\n{content}\\n</tool_response>\\n``; the
     blocks of one step are concatenated into one user message. ``ipython``: the bare result plus "\\n".
+    The result is data: the framing's tags in it are escaped, so the only ones in the reply are the framing's
+    (``env_service/control_text.py``).
     """
-    text = _result_text(content)
+    text = SERVICE_MARKUP.escape(_result_text(content))
     if mode == "bfcl_tool_response":
         return f"<tool_response>\n{text}\n</tool_response>\n"
     if mode == "ipython":

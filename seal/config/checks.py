@@ -33,6 +33,7 @@ SEAL_RULES: dict[str, tuple[Any, str]] = {
     "rollout.end_of_turn_token": (lambda v: bool(v), "a non-empty token"),
     "rollout.episode_retries": (lambda v: v >= 0, "an integer >= 0"),
     "validation.max_env_failure_share": (lambda v: 0.0 <= v <= 1.0, "a share between 0 and 1"),
+    "validation.max_other_failure_share": (lambda v: 0.0 <= v <= 1.0, "a share between 0 and 1"),
     "checkpoint.best_mode": (lambda v: v in ("max", "min"), "max or min"),
     "checkpoint.best_metric": (lambda v: bool(v), "a metric name"),
     "debug.advantage_sign": (lambda v: v in (1, -1), "1 or -1"),

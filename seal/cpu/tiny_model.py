@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 # Bump when anything that changes the files on disk changes (template, tokenizer build, config).
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 SPEC_FILE = "seal_tiny_model.json"
 
 # Qwen2.5/Qwen3 added tokens, in id order starting at 151643 (right after the 151643 BPE ranks).
@@ -159,7 +159,23 @@ LLAMA3_SPECIAL_TOKENS = (
     "<|start_header_id|>",
     "<|end_header_id|>",
     "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
 )
+# The Llama 3.1 chat format (written from the format, not taken from a model repo): the bos, then
+#   <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>   per message, a tool result as role ipython,
+#   <|start_header_id|>assistant<|end_header_id|>\n\n                   as the generation prompt.
+LLAMA31_CHAT_TEMPLATE = r"""
+{{- bos_token -}}
+{%- for message in messages -%}
+    {%- set role = 'ipython' if message['role'] in ('tool', 'ipython') else message['role'] -%}
+    {%- set content = message['content'] if message['content'] is string else '' -%}
+    {{- '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + content + '<|eot_id|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+{%- endif -%}
+""".strip()
 
 
 def qwen_tiktoken_path() -> Path:

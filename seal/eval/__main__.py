@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument(
         "--max-model-len", type=int, default=serve.DEFAULT_MAX_MODEL_LEN, help="with --serve: the served context"
     )
+    api.add_argument(
+        "--tokenizer",
+        help="the served model's tokenizer (a folder, or a hub id in the local cache), whose control strings are "
+        "escaped in the environment's text before it is sent, as in training (default: the --serve checkpoint, else "
+        "--model)",
+    )
     api.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     api.add_argument("--max-tokens", type=int, default=1024, help="tokens per model call")
     api.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
@@ -236,7 +242,19 @@ def _endpoint_selection(args, results_path: str) -> tuple[list[str], list[str], 
     # only tau2 asked for: nothing else (an empty selection would mean the default held-out tasks)
     only_tau2 = bool(tau2_categories or tau2_ids) and not (args.ids or args.category)
     pending, ood_pending = ([], []) if only_tau2 else _selected(args, results_path)
+    if pending or ood_pending:  # their replies are escaped for the served tokenizer: refused before anything is served
+        from seal.eval.endpoint import EndpointError, control_text_of
+
+        try:
+            control_text_of(_tokenizer_of(args))
+        except EndpointError as exc:
+            raise SelectionError(str(exc)) from None
     return tau2_categories, tau2_ids, pending, ood_pending
+
+
+def _tokenizer_of(args) -> str:
+    """The served model's tokenizer: ``--tokenizer``, else the checkpoint ``--serve`` serves, else ``--model``."""
+    return args.tokenizer or args.serve or args.model
 
 
 def _run_endpoint(args, out_dir: str, results_path: str, selection) -> int:
@@ -250,6 +268,7 @@ def _run_endpoint(args, out_dir: str, results_path: str, selection) -> int:
         api_key=args.api_key,
         max_tokens=args.max_tokens,
         max_model_calls=args.max_model_calls or 20,
+        tokenizer=_tokenizer_of(args),
     )
     shared = {
         "env_url": args.env_url,

@@ -2,7 +2,9 @@
 
 The environment service gives the messages (validate mode: no train-only interface); the endpoint's assistant
 text goes back to ``step`` unchanged; the service's verdict is the result. Environment replies are sent as the
-role the agent loop uses (``user``; a Llama-3.1 ``ipython`` result as ``tool``). Greedy (temperature 0) and the
+role the agent loop uses (``user``; a Llama-3.1 ``ipython`` result as ``tool``), with the served tokenizer's
+control strings escaped exactly as the agent loop escapes them (``env_service/control_text.py``): the server
+applies the chat template to what it is sent, so an unescaped ``<|im_end|>`` there would become the control token. Greedy (temperature 0) and the
 validation episode limits: at most ``max_model_calls`` model calls per episode, ``max_tokens`` per call.
 """
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import requests
 
 from env_service.client import EnvServiceError, make_client
+from env_service.control_text import ControlText
 from seal.eval.records import TurnLog, append_record, make_record
 
 
@@ -38,10 +41,34 @@ class EndpointSettings:
     timeout_s: float = 300.0
     retries: int = 3
     temperature: float = 0.0
+    #: the served model's tokenizer (a folder, or a hub id in the local cache): its control strings are escaped in
+    #: the environment's text before it is sent
+    tokenizer: str | None = None
+
+    @functools.cached_property
+    def control_text(self) -> ControlText:
+        return control_text_of(self.tokenizer)
 
     def chat_url(self) -> str:
         base = self.url.rstrip("/")
         return base if base.endswith("/chat/completions") else f"{base}/chat/completions"
+
+
+@functools.lru_cache(maxsize=4)
+def control_text_of(tokenizer: str | None) -> ControlText:
+    """The control strings of the tokenizer named ``tokenizer``; a clear error when it cannot be loaded."""
+    from transformers import AutoTokenizer
+
+    if not tokenizer:
+        raise EndpointError("the endpoint's tokenizer is needed to escape control strings: name it with --tokenizer")
+    try:
+        return ControlText.from_tokenizer(AutoTokenizer.from_pretrained(tokenizer))
+    except (OSError, ValueError) as exc:
+        raise EndpointError(
+            f"cannot load the tokenizer {tokenizer!r} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); name "
+            "the served model's tokenizer with --tokenizer (a folder, or a hub id in the local cache): its control "
+            "strings are escaped in the environment's text before it is sent"
+        ) from None
 
 
 def chat(settings: EndpointSettings, messages: list[dict], session: requests.Session) -> tuple[str, dict]:
@@ -85,9 +112,12 @@ def run_episode(
     max_model_calls: int,
     source: dict,
     memory_snapshot: dict | None = None,
+    *,
+    control: ControlText,
 ) -> dict:
     """One validation episode of ``task_id`` with ``generate`` as the model; the record for the results file.
-    ``memory_snapshot``: the memory an OOD memory episode starts from (``seal/eval/ood.py``)."""
+    ``memory_snapshot``: the memory an OOD memory episode starts from (``seal/eval/ood.py``); ``control``: the
+    model's control strings, escaped in the environment's replies before they are sent."""
     tokens = {"prompt": 0, "completion": 0}
     log = TurnLog(env_params.get("tool_prompt_mode", "bfcl_qwen_fc"))
     calls, termination = 0, "completed"
@@ -126,7 +156,7 @@ def run_episode(
             if step["terminated"]:
                 break
             role = "tool" if step["message"].get("role") == "ipython" else "user"
-            messages.append({"role": role, "content": step["message"]["content"]})
+            messages.append({"role": role, "content": control.escape(step["message"]["content"])})
         evaluation = env.evaluate(instance_id, reward, True)
     except (EnvServiceError, EndpointError) as exc:
         failed_by = "model" if isinstance(exc, EndpointError) else "environment"
@@ -175,7 +205,17 @@ def run_endpoint(
         tqdm(total=len(task_ids), desc=f"eval {settings.model}", disable=not progress, unit="task") as bar,
     ):
         futures = [
-            pool.submit(run_episode, t, generate, env, env_params, reward, settings.max_model_calls, source)
+            pool.submit(
+                run_episode,
+                t,
+                generate,
+                env,
+                env_params,
+                reward,
+                settings.max_model_calls,
+                source,
+                control=settings.control_text,
+            )
             for t in task_ids
         ]
         for future in as_completed(futures):
@@ -219,7 +259,17 @@ def run_endpoint_ood(
     source = {**source, "tool_prompt_mode": env_params.get("tool_prompt_mode", "bfcl_qwen_fc")}
 
     def run(task_id: str, memory_snapshot: dict | None) -> dict:
-        return run_episode(task_id, generate, env, env_params, None, settings.max_model_calls, source, memory_snapshot)
+        return run_episode(
+            task_id,
+            generate,
+            env,
+            env_params,
+            None,
+            settings.max_model_calls,
+            source,
+            memory_snapshot,
+            control=settings.control_text,
+        )
 
     with tqdm(total=len(task_ids), desc=f"ood {settings.model}", disable=not progress, unit="task") as bar:
         return run_ood(task_ids, run, results_path, out_dir, concurrency, source, on_record=lambda r: bar.update())

@@ -143,8 +143,15 @@ def make_record(
     return record
 
 
-#: Who an episode that could not run failed on: the model (its endpoint kept failing) or the environment service.
-FAILED_BY = {"model": "the model endpoint", "environment": "the environment service"}
+#: Who an episode that could not run failed on: the model (its endpoint kept failing), the environment service, or
+#: (through the agent loop) the rollout server's generation, the agent loop itself or the task's data.
+FAILED_BY = {
+    "model": "the model endpoint",
+    "environment": "the environment service",
+    "generation": "the rollout server's generation",
+    "agent_loop": "the agent loop",
+    "task_data": "the task's data",
+}
 
 
 def failures_by_side(records: Iterable[dict]) -> dict[str, list[str]]:

@@ -75,7 +75,13 @@ def dumped_verdicts(run_dir: str, step: int, val_file: str) -> tuple[dict[str, b
         return None, f"{path} is not JSON lines: {exc}"
     if len(rows) != len(ids) or any(str(r.get("gts")) != gt for r, gt in zip(rows, gts)):
         return None, f"{path} does not line up with {val_file} ({len(rows)} rows, {len(ids)} tasks)"
-    return {t: float(r["score"]) >= 1.0 for t, r in zip(ids, rows) if not float(r.get("env_failed", 0.0))}, ""
+    return {t: float(r["score"]) >= 1.0 for t, r in zip(ids, rows) if not _failed(r)}, ""
+
+
+def _failed(row: dict) -> bool:
+    """A dumped validation sample that could not run (``episode_failed``; ``env_failed`` in runs made before episodes
+    carried their failure kind)."""
+    return bool(float(row.get("episode_failed", row.get("env_failed", 0.0))))
 
 
 @dataclass

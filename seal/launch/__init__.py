@@ -32,7 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENT_LOOPS_YAML = Path(__file__).resolve().parents[1] / "config" / "agent_loops.yaml"
-AGENT_LOOP_MANAGER = "seal.env_failures.SealAgentLoopManager"
+AGENT_LOOP_MANAGER = "seal.failed_episodes.SealAgentLoopManager"
 
 
 class PreflightError(ValueError):
@@ -661,16 +661,19 @@ def connect_ray(config: DictConfig) -> None:
 
 @contextlib.contextmanager
 def _naming_the_service(describe):
-    """A run that stops for environment failures (``TooManyEnvFailures``, raised in the trainer and delivered here
-    wrapped in Ray's task error) says so in one line naming the service (``describe()``) and its log."""
+    """A run that stops for failed episodes (``TooManyFailedEpisodes``, raised in the trainer and delivered here
+    wrapped in Ray's task error) says so in one line; when the environment failed them, naming the service
+    (``describe()``) and its log (a generation or agent-loop failure has nothing to do with the service's log)."""
     try:
         yield
     except Exception as exc:
-        from seal.env_failures import TooManyEnvFailures
+        from seal.failed_episodes import ENVIRONMENT, TooManyFailedEpisodes
 
-        if not isinstance(exc, TooManyEnvFailures):
+        if not isinstance(exc, TooManyFailedEpisodes):
             raise
-        raise RunStopped(f"{getattr(exc, 'cause', None) or exc}; {describe()}") from None
+        cause = getattr(exc, "cause", None) or exc
+        where = f"; {describe()}" if getattr(cause, "kind", ENVIRONMENT) == ENVIRONMENT else ""
+        raise RunStopped(f"{cause}{where}") from None
 
 
 def _check_nodes(config: DictConfig) -> None:
