@@ -9,7 +9,7 @@ Measures, on the ground-truth replay of the held-out split (every episode: creat
 turn with the calls plus one plain-text message per turn, evaluate, release):
 
 1. episodes/s in-process (``InProcessEnvClient``, one thread: the GIL makes more threads pointless);
-2. episodes/s over HTTP against a service subprocess (default workers: one per core), at concurrency 1
+2. episodes/s over HTTP against a service subprocess (default workers: one per usable CPU), at concurrency 1
    and 32;
 3. episodes/s over HTTP at concurrency 32 with ``--workers 1`` and ``--workers 2``: the multi-core gain;
 4. episodes/s of bare bfcl-eval: ``multi_turn_checker`` on the same GT (one step per turn, fresh model

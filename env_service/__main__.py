@@ -127,7 +127,14 @@ def cmd_serve(args) -> int:
         )
     except ValueError as error:
         raise CliError(str(error)) from None
-    workers = (os.cpu_count() or 1) if args.workers is None else args.workers
+    if args.workers is None:
+        from env_service.workers.sizing import size_workers
+
+        sizing = size_workers(args.peak_episodes)
+        print(f"env_service serve: {sizing.describe()}", file=sys.stderr, flush=True)  # the service's log says why
+        workers = sizing.workers
+    else:
+        workers = args.workers
     manager = EpisodeManager(limits=service_limits, workers=workers)
     serve(
         host=args.host,
@@ -347,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers",
         type=int,
-        help="episode processes (default: one per core; 0: in the service process, without time budgets)",
+        help="episode processes (default: one per usable CPU, at most one per --peak-episodes, within a share of the memory available; 0: in the service process, without time budgets)",
     )
     from env_service.bfcl.config import ServiceLimits  # budgets and limits: one flag per field, README "Limits"
 

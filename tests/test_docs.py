@@ -308,7 +308,8 @@ def output_problems(path: str) -> list[str]:
             ok = str(recipe.seal.run_dir) == f"experiments/{name}"
             return inside_ci_run(rest, "run") if ok else [f"{path}: the recipe's run folder is {recipe.seal.run_dir}"]
         scripts = [
-            (ROOT / "scripts" / s).read_text() for s in ("reproduce.py", "learning_check.py", "apatch_exact_gpu.py")
+            (ROOT / "scripts" / s).read_text()
+            for s in ("reproduce.py", "learning_check.py", "apatch_exact_gpu.py", "gpu_check.py")
         ]
         if not rest and any(f"experiments/{name}" in text for text in scripts):
             return []  # a script's --out, as the script's own usage names it

@@ -532,9 +532,9 @@ def serve(
 ) -> None:
     """Run the service in the foreground (blocks). Binds to 127.0.0.1 unless told otherwise; any other
     address needs ``secret`` (see :func:`check_bind`). ``workers``: episode processes when no ``manager``
-    is given (default: one per core). ``fd``: a listening socket inherited from whoever started the service
-    (``serve --fd``), served instead of binding ``host``/``port``: its owner keeps the port across restarts."""
-    import os
+    is given (default: :func:`~env_service.workers.sizing.size_workers`, one per usable CPU within a share of the
+    memory). ``fd``: a listening socket inherited from whoever started the service (``serve --fd``), served instead
+    of binding ``host``/``port``: its owner keeps the port across restarts."""
 
     import uvicorn
 
@@ -543,7 +543,10 @@ def serve(
         sockets = [socket.socket(fileno=fd)]
         host, port = sockets[0].getsockname()[:2]
     check_bind(host, secret)
-    manager = manager or EpisodeManager(workers=(os.cpu_count() or 1) if workers is None else workers)
+    if manager is None:
+        from env_service.workers.sizing import size_workers
+
+        manager = EpisodeManager(workers=size_workers().workers if workers is None else workers)
     limits = limits or HttpLimits()
     app = create_app(manager, secret=secret, service_id=service_id, limits=limits)
     uvicorn.Server(_uvicorn_config(app, host, port, log_level, access_log, limits)).run(sockets=sockets)

@@ -26,10 +26,14 @@ from pathlib import Path
 
 from env_service.client import EnvClient, EnvServiceError, make_client
 from env_service.http.auth import check_secret_handle, open_secret
+from env_service.workers.sizing import WorkerSizing, size_workers
 from seal.env_clients import ACTOR_NAMESPACE, actor_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
+#: How long Ray may take to start the actor that owns a node's service (its worker process, imports): the 300 s the
+#: launcher waited for node services before their start wait was sized, less the 120 s service wait that held.
+ACTOR_START_S = 180.0
 #: Connections a service's port queues while no service accepts them (a restart): they are served once it is up.
 BACKLOG = 2048
 
@@ -83,6 +87,11 @@ def serve_flags(options) -> list[str]:
     return flags
 
 
+def _options(flags: list[str]) -> dict:
+    """:func:`serve_flags` back as options: ``["--peak-episodes", "256"]`` -> ``{"peak_episodes": "256"}``."""
+    return {flag[2:].replace("-", "_"): value for flag, value in zip(flags[::2], flags[1::2])}
+
+
 # ---- what the run asks of its services -------------------------------------------------------------------
 
 
@@ -95,6 +104,15 @@ def serve_options(config) -> dict:
     if options.get("peak_episodes") is None:
         options["peak_episodes"] = peak_episodes(config)
     return options
+
+
+def service_workers(options: dict) -> WorkerSizing:
+    """The workers a service started with ``options`` (:func:`serve_options`) runs on this node, and why:
+    ``env_service.serve.workers`` when set, else sized for this node (``size_workers``) as ``serve`` would."""
+    if options.get("workers") is not None:
+        return WorkerSizing(int(options["workers"]), "env_service.serve.workers")
+    peak = options.get("peak_episodes")
+    return size_workers(None if peak is None else int(peak))
 
 
 def peak_episodes(config) -> int:
@@ -153,6 +171,10 @@ class LocalService:
         self.host, self.port = host, self._listener.getsockname()[1]
         self.secret_file, self.service_id = secret_file, service_id
         self.flags, self.log_path = list(flags), log_path
+        # Sized here, on the node it runs on, and passed on: the service starts the workers its start wait is for.
+        self.workers = service_workers(_options(self.flags))
+        if "--workers" not in self.flags:
+            self.flags += ["--workers", str(self.workers.workers)]
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.gave_up: str | None = None  # why supervision ended with the service down (its restart budget spent)
@@ -168,10 +190,11 @@ class LocalService:
         log = f", log {self.log_path}" if self.log_path else ""
         return f"the environment service at {self.url} (pid {self.proc.pid if self.proc else '-'}{log})"
 
-    def start(self, timeout_s: float = 120.0) -> LocalService:
+    def start(self, timeout_s: float | None = None) -> LocalService:
+        """Start the service and wait for its ``/health`` (``timeout_s``; None: as long as its workers need)."""
         proc = self._spawn()
         try:
-            wait_healthy(self.url, proc, self.service_id, timeout_s)
+            wait_healthy(self.url, proc, self.service_id, timeout_s or self.workers.start_wait_s)
         except BaseException:
             _terminate(proc)
             raise
@@ -387,9 +410,11 @@ class NodeService:
 
 
 def start_node_services(
-    secret: str, service_id: str, flags: list[str] = (), supervise: dict | None = None, timeout_s: float = 300.0
+    secret: str, service_id: str, flags: list[str] = (), supervise: dict | None = None, timeout_s: float | None = None
 ) -> dict[str, str]:
-    """One ``NodeService`` actor on every alive Ray node (Ray must be initialised); node id -> URL.
+    """One ``NodeService`` actor on every alive Ray node (Ray must be initialised); node id -> URL. ``timeout_s``
+    (None: a service's start wait, its workers sized as on this node, plus :data:`ACTOR_START_S`) bounds
+    the wait for them all.
 
     The actors belong to this process's Ray connection (they are not detached): they end with it, and their
     services with them (``--parent-pid``), when the launcher disconnects or dies; :func:`stop_node_services` stops
@@ -410,7 +435,8 @@ def start_node_services(
         for node_id in nodes
     }
     try:
-        urls = ray.get([actor.url.remote() for actor in actors.values()], timeout=timeout_s)
+        wait_s = timeout_s or service_workers(_options(list(flags))).start_wait_s + ACTOR_START_S
+        urls = ray.get([actor.url.remote() for actor in actors.values()], timeout=wait_s)
     except Exception as exc:
         stop_node_services(service_id, nodes)
         raise ServiceStartError(f"an environment service on a Ray node did not start: {exc}") from exc

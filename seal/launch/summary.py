@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 def summary(conf: str, config: DictConfig, problems: bool) -> list[str]:
     lines = []
-    for part in (_run, _data, _switches, _writes, _memory, _disk):
+    for part in (_run, _data, _switches, _env_service, _writes, _memory, _disk):
         lines += _guarded(part, config, problems)
     return [f"recipe {conf}", *lines, "the whole composed config: add --full-config"]
 
@@ -68,6 +68,18 @@ def _switches(config):
         f"schema cues {on(bfcl.observation_lite.enable)}, recovery feedback {on(bfcl.tool_feedback_evolution.enable)}, "
         f"capability cues {on(bfcl.capability_cues.enable)}, reward {seal.reward.mode}"
     )
+
+
+def _env_service(config):
+    """The service the launcher would start here: its workers, their memory and why (sized on each node it runs on)."""
+    if config.env_service.url:
+        yield f"environment service: yours at {config.env_service.url} (none started)"
+        return
+    from seal.launch.env_services import serve_options, service_workers
+    from seal.launch.multinode import on_a_cluster
+
+    where = "on each node (sized there; this node's)" if on_a_cluster(config) else "on this node"
+    yield f"environment service {where}: {service_workers(serve_options(config)).describe()}"
 
 
 def _writes(config):
