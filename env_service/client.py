@@ -122,6 +122,10 @@ class _ClientAPI:
         self._seq.forget(instance_id)
         return bool(self._call("release", {"instance_id": instance_id})["released"])
 
+    def touch(self, instance_id: str) -> bool:
+        """Tell the service the episode is still in use (the idle reclaim keeps it); a 404 once it is gone."""
+        return bool(self._call("touch", {"instance_id": instance_id})["live"])
+
     def set_profile(self, profile: dict) -> dict:
         return self._call("profile", {"profile": profile})
 

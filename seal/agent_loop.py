@@ -47,6 +47,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
+from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvServiceError, make_client
 from env_service.control_text import ControlText
 from env_service.vocabulary import mode_for_split, task_category
@@ -180,6 +181,7 @@ class BfclAgentLoop(AgentLoopBase):
         # the node's service is looked up in the episode (``_service``), off the event loop: on several nodes that
         # asks a Ray actor, and a missing service must fail the episode with its kind, not this loop's worker
         self.env = None
+        self.keep_alive_s = 0.0  # how often a waiting episode is touched: from its create's answer
         self.control_text = control_text_of(self.tokenizer)
         self.eos_id = end_of_turn_id(self.tokenizer, seal_cfg.rollout.end_of_turn_token)
         # ``python -m seal.eval``: one record per episode in this results file (off in training)
@@ -215,6 +217,7 @@ class BfclAgentLoop(AgentLoopBase):
         env = await self._service()
         created = await self._env_call(env.create, task_id, mode, self.env_params)
         instance_id = created["instance_id"]
+        self.keep_alive_s = keep_alive_interval(created["info"])
         try:
             traj = await self._start(created["messages"])
             traj.seed = seed
@@ -245,7 +248,7 @@ class BfclAgentLoop(AgentLoopBase):
             if len(traj.token_ids) >= context_budget:
                 traj.termination = "context_budget"
                 return
-            text = await self._generate(traj, sampling_params, metrics)
+            text = await self._while_touching(instance_id, self._generate(traj, sampling_params, metrics))
             with _timer(metrics, "tool_calls"):
                 step = await self._env_call(self.env.step, instance_id, text)
             reply = usable_reply(step)  # ipython mode: one message per tool result
@@ -291,6 +294,25 @@ class BfclAgentLoop(AgentLoopBase):
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
         traj.messages.append({"role": "assistant", "content": text})
         return text
+
+    async def _while_touching(self, instance_id: str, generation):
+        """The generation's result, the episode touched every ``keep_alive_s`` meanwhile: a generation queued behind
+        a step's other episodes can wait longer than the service's idle limit, and an episode reclaimed under it
+        would be retried from its start (its turns so far generated again). The reclaim stays for clients that
+        are gone: a dead trainer touches nothing."""
+        toucher = asyncio.create_task(self._touch_every(instance_id, self.keep_alive_s))
+        try:
+            return await generation
+        finally:
+            toucher.cancel()
+
+    async def _touch_every(self, instance_id: str, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self._env_call(self.env.touch, instance_id)
+            except Exception as exc:  # noqa: BLE001 - the next step reports what is wrong; a touch fails nothing
+                logger.warning("touching episode %s failed: %s", instance_id, _describe(exc))
 
     async def _append_env_messages(self, traj: Trajectory, reply: list[dict]) -> None:
         previous = list(traj.messages)
@@ -412,6 +434,13 @@ class BfclAgentLoop(AgentLoopBase):
                 failed_by=failed_by,
             ),
         )
+
+
+def keep_alive_interval(info: dict) -> float:
+    """How often a waiting episode is touched: three times within the service's idle limit (its create answer says
+    it; a service that does not: the default limit), so one touch lost to a slow round trip costs nothing."""
+    idle_s = info.get("idle_timeout_s", ServiceLimits().idle_timeout_s)
+    return max(float(idle_s) / 3, 0.05)
 
 
 def usable_reply(step: Any) -> list[dict]:

@@ -19,6 +19,8 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from env_service.client import EnvServiceError  # noqa: E402
+from env_service.episodes.manager import EpisodeManager  # noqa: E402
+from env_service.http.service import ServerThread  # noqa: E402
 from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop, env_client  # noqa: E402
 from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
 from seal.env_clients import NoServiceOnThisNode  # noqa: E402
@@ -344,3 +346,30 @@ def test_the_env_clients_pool_holds_a_connection_for_every_env_call_thread():
     agent_loop._CLIENTS.clear()
     pool = client.session.get_adapter("http://127.0.0.1:9").poolmanager.connection_pool_kw
     assert pool["maxsize"] >= agent_loop.ENV_CALL_THREADS
+
+
+class QueuedServer(RecordingServer):
+    """Every generation first waits ``queued_s``, as one queued behind a step's other requests in vLLM does."""
+
+    def __init__(self, server: HFRolloutServer, queued_s: float):
+        super().__init__(server)
+        self.queued_s = queued_s
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        await asyncio.sleep(self.queued_s)
+        return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+
+
+def test_an_episode_whose_generations_wait_past_the_idle_limit_is_not_reclaimed(tiny_dir, tokenizer, rollout):
+    """The service reclaims episodes idle for ``idle_timeout_s`` (here 1 s, every 0.1 s) — for clients that are gone.
+    An episode whose every generation waits 2.5 s in the queue is still in use: it keeps its episode (touched while
+    it waits), finishes in its first attempt, and the service reclaims nothing."""
+    _, recorded, _ = rollout
+    manager = EpisodeManager(idle_timeout_s=1.0, reclaim_interval_s=0.1)
+    with ServerThread(manager) as service:
+        config = make_config(**{"env_service.url": service.url, "seal.rollout.max_model_calls": 2})
+        out = run_episode(config, tokenizer, QueuedServer(recorded.server, queued_s=2.5))
+        stats = manager.stats()
+    assert not out.extra_fields["seal_failed"], out.extra_fields["seal_error"]
+    assert out.extra_fields["seal_termination"] in ("max_model_calls", "completed"), out.extra_fields
+    assert stats["reclaimed"] == 0 and stats["created"] == 1, stats

@@ -101,6 +101,30 @@ def test_evaluate_can_release_the_episode_in_the_same_round_trip(client):
     assert client.release(instance_id) is False
 
 
+def test_a_touch_keeps_an_episode_from_the_idle_reclaim_and_only_its_owner_may_touch_it(server):
+    """``POST /touch`` marks an episode in use (its client waits for a generation); the reclaim then spares it, and a
+    touch by another run, or of an episode already gone, is a 404 like any unknown id."""
+    clock = [0.0]
+    manager = EpisodeManager(idle_timeout_s=10.0, clock=lambda: clock[0])
+    with ServerThread(manager) as srv, EnvClient(srv.url, retries=0, run_id="a") as owner:
+        with EnvClient(srv.url, retries=0, run_id="b") as other:
+            created = owner.create(TASK, "validate", {})
+            instance_id = created["instance_id"]
+            assert created["info"]["idle_timeout_s"] == 10.0  # what a client must touch within
+            clock[0] = 8.0
+            assert owner.touch(instance_id) is True
+            with pytest.raises(EnvServiceError) as err:
+                other.touch(instance_id)
+            assert err.value.status == 404
+            clock[0] = 15.0  # 15 s after its create, 7 s after its touch
+            assert manager.reclaim_idle() == 0
+            clock[0] = 19.0
+            assert manager.reclaim_idle() == 1
+            with pytest.raises(EnvServiceError) as err:
+                owner.touch(instance_id)
+            assert err.value.status == 404
+
+
 def test_http_and_in_process_give_identical_answers(client):
     inproc = InProcessEnvClient()
     for mode in ("train", "validate"):

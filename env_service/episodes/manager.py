@@ -417,6 +417,7 @@ class EpisodeManager:
                 "num_turns": task.num_turns,
                 "tools_count": len(task.functions),
                 "profile_version": profile_version,
+                "idle_timeout_s": self.idle_timeout_s,  # how often a client must use or touch it to keep it
             }
             extra = getattr(episode, "info", None)
             if isinstance(extra, dict):
@@ -747,6 +748,15 @@ class EpisodeManager:
         """The evaluation a released episode of ``client`` answered with the same reward config, while it is kept."""
         with self._lock:
             return self._verdicts.get(client, instance_id, fingerprint)
+
+    def touch(self, instance_id: Any, owner: str | None = None) -> bool:
+        """The episode's client is still using it (a generation of its next message is queued or running): it is
+        not idle. The idle reclaim is for episodes whose client is gone, and a step of 256 episodes can queue one
+        generation longer than ``idle_timeout_s``; the agent loop touches its episode while it waits for one. Never
+        waits for a request in flight on the episode (that request marks it used when it ends)."""
+        slot = self._slot(instance_id, owner)
+        self._touch(slot)
+        return True
 
     def unmake(self, created: dict, owner: str | None = None) -> None:
         """Release the episode a create made for a client that left before its answer (no one knows its id)."""

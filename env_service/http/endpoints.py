@@ -50,6 +50,10 @@ class ReleaseRequest(_Body):
     instance_id: str
 
 
+class TouchRequest(_Body):
+    instance_id: str
+
+
 class ProfileRequest(_Body):
     profile: dict[str, Any]
 
@@ -116,6 +120,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("step", "POST", "step", StepRequest, StepResponse, caller=("owner",)),
     Endpoint("evaluate", "POST", "evaluate", EvaluateRequest, caller=("owner", "client")),
     Endpoint("release", "POST", "release", ReleaseRequest, reply_key="released", caller=("owner",), abandonable=False),
+    Endpoint("touch", "POST", "touch", TouchRequest, reply_key="live", caller=("owner",)),
     Endpoint("profile", "POST", "set_profile", ProfileRequest, caller=("run_id", "client")),
     Endpoint("profile", "GET", "get_profile", caller=("run_id",)),
 )

@@ -7,6 +7,7 @@ Endpoints (routes built from :data:`env_service.http.endpoints.ENDPOINTS`; JSON 
 ``POST /step``     ``{instance_id, content, seq?}``                             ``{message, terminated, info}``
 ``POST /evaluate`` ``{instance_id, reward?, release?}``                         the evaluation dict
 ``POST /release``  ``{instance_id}``                                            ``{released: bool}``
+``POST /touch``    ``{instance_id}``                                            ``{live: true}`` (404 once gone)
 ``POST /profile``  ``{profile: {...}}``                                         ``{version}``
 ``GET /profile``                                                                ``{profile, version, updated_at}``
 ``GET /health``    (alias ``/healthz``)                                         ``{status: "ok", live, created, ...}``
