@@ -37,6 +37,7 @@ ENDPOINTS = [
     ("post", "/step", {"instance_id": "x", "content": "hi"}),
     ("post", "/evaluate", {"instance_id": "x"}),
     ("post", "/release", {"instance_id": "x"}),
+    ("post", "/touch", {"instance_id": "x"}),
     ("post", "/profile", {"profile": CUE_PROFILE}),
     ("get", "/profile", None),
     ("get", "/openapi.json", None),
@@ -51,6 +52,13 @@ def test_every_endpoint_but_health_needs_the_secret(server, method, path, body, 
     response = requests.request(method, server.url + path, json=body, headers=headers, timeout=10)
     assert response.status_code == 401, response.text[:200]
     assert response.json()["error"] == "unauthorized" and SECRET not in response.text
+
+
+def test_every_route_of_the_service_is_in_the_secret_check():
+    from env_service.http.endpoints import ENDPOINTS as ROUTES
+
+    checked = {(method.upper(), path) for method, path, _ in ENDPOINTS}
+    assert {(e.method, f"/{e.path}") for e in ROUTES} <= checked
 
 
 def test_health_is_open_and_names_the_service(server):

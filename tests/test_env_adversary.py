@@ -168,6 +168,7 @@ def test_another_run_cannot_touch_an_episode(service, client):
         for path, body in (
             ("/step", {"instance_id": instance_id, "content": "hi"}),
             ("/evaluate", {"instance_id": instance_id, "release": True}),
+            ("/touch", {"instance_id": instance_id}),
         ):
             response = requests.post(service.url + path, json=body, headers=intruder, timeout=30)
             assert response.status_code == 404, (intruder, path, response.text)  # as if it did not exist
