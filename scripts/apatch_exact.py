@@ -276,10 +276,7 @@ def seal_trainer(workdir: Path, overrides: list[str], steps_per_epoch: int, reci
     config.seal.diagnosis.dump_dir = f"{workdir}/stats"
     config.trainer.default_local_dir = f"{workdir}/ckpt"
     OmegaConf.resolve(config)
-    trainer = SealTrainer.__new__(SealTrainer)
-    trainer.config, trainer.train_dataloader, trainer.global_steps = config, [None] * steps_per_epoch, 1
-    trainer._init_seal()
-    return trainer
+    return SealTrainer.seal_parts_only(config, steps_per_epoch)
 
 
 def released_actor():

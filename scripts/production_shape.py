@@ -2,33 +2,45 @@
 rollout path and the launcher's own environment service, with generation made instant.
 
     python scripts/production_shape.py --conf exp/SEAL.yaml [--steps 3] [--scales 1,2] [hydra overrides ...]
+    python scripts/production_shape.py --conf exp/SEAL.yaml --node-cpus 48 --node-memory-gib 512   # a GPU node's
 
 What runs is what a GPU run of the recipe runs around its generation:
 
 * the recipe composed as the CPU rehearsal composes it (``+swap=cpu``: only what a CPU machine cannot run is
   swapped), with the recipe's shape kept (``RECIPE_SHAPE``: its tasks, batch, rollouts per task, lengths, agent-loop
-  workers) and the tiny model's real Qwen tokenizer (the swap's small vocabulary would make every prompt longer than
-  on GPU);
+  workers) and a tokenizer that stands for the backbone's: the tiny model's real Qwen tokenizer (the swap's small
+  vocabulary would make every prompt longer than on GPU), or for a Llama-3.1 recipe (``exp/toolace2_8b.yaml``) the
+  BFCL BPE with Llama 3.1's special tokens, rendered with the recipe's own chat template;
 * the launcher's own environment service over HTTP (``seal.launch.environment_service``: its secret, ``--parent-pid``
   watch, supervisor, and the recipe's peak episodes as its per-client limits);
 * verl's agent-loop manager (seal's, as the launcher sets it) and the recipe's agent-loop workers, running the real
   ``BfclAgentLoop``: every episode of a step or a validation at once, as verl starts them;
 * the ``scripted`` rollout backend (``seal/cpu/scripted_rollout.py``) in place of vLLM: it answers at once with
-  ground-truth calls and a share of wrong arguments, malformed calls, extra calls and early stops, so the service
-  does real work and the episodes get varied tags;
+  ground-truth calls and a share of wrong arguments, malformed calls, extra calls, early stops and rambles cut at the
+  length limit (as vLLM cuts them), so the service does real work and the episodes get varied tags;
 * the agent loop's own threads for environment calls (``seal.agent_loop.ENV_CALL_THREADS``), as on a GPU node:
   every episode of a worker can wait on the service at once, whatever the machine's cores.
+
+* the trainer side of each step that needs no model (``TrainerSide``): verl's balance over the recipe's
+  data-parallel ranks, reward and GRPO advantages, then the SEAL step (failed episodes out of their groups,
+  diagnosis into the capability state, A-Patch) at the recipe's batch shape;
+* the recipe's failure stop (``seal.validation.max_env_failure_share`` and ``max_other_failure_share``), on.
+
+With ``--node-cpus`` (and ``--node-memory-gib``) Ray gets a GPU node's CPU slots and the service the environment
+workers the launcher would size on that node (``env_service.workers.sizing``; an allocation's CPUs, no cgroup limit).
 
 Each scale (1 = the recipe's concurrency, 2 = twice it: twice the tasks a step, each validation task twice) runs
 ``--steps`` training rollouts and one full validation. Per phase it prints the episodes, the environment failures,
 the 429s the clients saw (and retried), the p50/p99 latency of an environment call as the agent loop waits for it,
-the environment's share of the episodes' time, and the service's peak memory (service and workers). The model's
-update is not run (said in the output with what it would have to process): this measures the rollout path. The last
-line sums every phase:
+the environment's share of the episodes' time, the service's peak memory (service and workers), and each step's
+trainer side (its time, the balance, the A-Patch scales). The model's passes (old and reference log-probs, the
+update) are not run (said in the output with what they would have to process). The last line sums every phase:
 
-    production shape: E episodes at concurrency C: F env failures, R refused (429), env share S%
+    production shape: E episodes at concurrency C (peak P environment calls in flight): F failed episodes, R refused
+    (429), env share S%
 
-with C the highest concurrency run. Exit status 1 when an episode failed or was lost.
+with C the highest concurrency run and P the most environment calls in flight at once. Exit status 1 when an
+episode failed or was lost, or the failure stop stopped the run.
 """
 
 from __future__ import annotations
@@ -41,10 +53,12 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +78,9 @@ RECIPE_SHAPE = (
     "seal.rollout.max_env_tokens",
 )
 #: The tiny model with the real Qwen tokenizer (built offline): the recipe's token counts, with no model to run.
-TOKENIZER_MODEL = ("seal.tiny_model.shape=default", "seal.tiny_model.out_dir=outputs/tiny-qwen")
+QWEN_TOKENIZER_MODEL = {"seal.tiny_model.shape": "default", "seal.tiny_model.out_dir": "outputs/tiny-qwen"}
+#: What starts a chat message, by what ends one: how the scripted server finds the messages of a prompt.
+TURN_START = {"<|im_end|>": "<|im_start|>", "<|eot_id|>": "<|start_header_id|>"}
 #: Where the agent-loop workers' clients write what they measured (one file per process).
 PROBE_DIR = "SEAL_PRODUCTION_SHAPE_PROBE"
 
@@ -120,33 +136,72 @@ def compose(conf: str, scale: int, run_dir: Path, overrides: list[str]):
     from seal.report.reproduction import SWAP, swap_values
 
     recipe = compose_recipe(conf, overrides)
+    dp_ranks = _data_parallel_ranks(recipe)
     missing = [key for key in RECIPE_SHAPE if key not in swap_values()]
     assert not missing, f"RECIPE_SHAPE names keys the swap no longer has: {missing}"
     shape = [f"{key}={_value(OmegaConf.select(recipe, key))}" for key in RECIPE_SHAPE]
     batch = int(recipe.data.train_batch_size) * scale
+    tokenizer_model = _tokenizer_model(recipe.env_service.bfcl.tool_prompt_mode)
+    if tokenizer_model != QWEN_TOKENIZER_MODEL:
+        shape += _stand_in_prompt_room(recipe)
     config = compose_recipe(
         conf,
         [
             SWAP,
             *shape,
-            *TOKENIZER_MODEL,
-            "actor_rollout_ref.model.path=outputs/tiny-qwen",
+            *[f"{key}={value}" for key, value in tokenizer_model.items()],
+            f"actor_rollout_ref.model.path={tokenizer_model['seal.tiny_model.out_dir']}",
             f"data.train_batch_size={batch}",
             f"actor_rollout_ref.rollout.val_kwargs.n={int(recipe.actor_rollout_ref.rollout.val_kwargs.n) * scale}",
             "actor_rollout_ref.rollout.name=scripted",
             # verl's standalone rollout (no trainer workers to share): one replica of one "device"
             "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=1",
-            "seal.validation.max_env_failure_share=1.0",  # every failure counted here, not stopped at
-            "seal.validation.max_other_failure_share=1.0",
             f"seal.run_dir={run_dir}",
             *overrides,
         ],
     )
     script = {"tool_prompt_mode": config.env_service.bfcl.tool_prompt_mode}
     script["end_of_turn_token"] = config.seal.rollout.end_of_turn_token
+    script["turn_start_token"] = TURN_START[script["end_of_turn_token"]]
     OmegaConf.update(config, "actor_rollout_ref.rollout.custom", {"scripted": script}, force_add=True)
-    return config
+    return config, dp_ranks
+
+
+def _data_parallel_ranks(recipe) -> int:
+    """The actor's data-parallel ranks on the recipe's GPUs (FSDP: every GPU, less Ulysses sequence parallelism)."""
+    gpus = int(recipe.trainer.n_gpus_per_node) * int(recipe.trainer.nnodes)
+    return gpus // int(recipe.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+
+
+def _tokenizer_model(prompt_mode: str) -> dict[str, str]:
+    """The tiny model whose tokenizer stands for the backbone's, by the recipe's prompt format: the real Qwen
+    tokenizer, or for a Llama-3.1 recipe the reproduction's stand-in (the BFCL BPE with Llama 3.1's special tokens;
+    the recipe's own chat template renders the Llama 3.1 format with it, as on GPU)."""
+    from seal.report.reproduction import BACKBONE_SWAPS
+
+    if prompt_mode not in BACKBONE_SWAPS:
+        return QWEN_TOKENIZER_MODEL
+    return {key: value for key, value in BACKBONE_SWAPS[prompt_mode].items() if key.startswith("seal.tiny_model.")}
+
+
+#: How much longer a prompt is in the Llama-3.1 stand-in's BFCL BPE than in Llama 3.1's own 128k vocabulary: the
+#: longest first prompt of exp/toolace2_8b.yaml's tasks takes 12,669 of its tokens where the recipe's 10,240 hold it.
+STAND_IN_PROMPT_FACTOR = 1.5
+
+
+def _stand_in_prompt_room(recipe) -> list[str]:
+    """The prompt budget (and the context by as much) widened for a stand-in tokenizer with a smaller vocabulary, so
+    the same first prompts fit as with the backbone's; the response budget stays the recipe's."""
+    prompt = int(recipe.data.max_prompt_length)
+    extra = int(prompt * STAND_IN_PROMPT_FACTOR) - prompt
+    print(f"[production shape] the stand-in tokenizer's prompts are longer: data.max_prompt_length {prompt} + {extra}")
+    room = [f"data.max_prompt_length={prompt + extra}"]
+    if recipe.actor_rollout_ref.rollout.get("max_model_len"):
+        room.append(
+            f"actor_rollout_ref.rollout.max_model_len={int(recipe.actor_rollout_ref.rollout.max_model_len) + extra}"
+        )
+    return room
 
 
 def _value(value) -> str:
@@ -185,7 +240,8 @@ class Phase:
             "phase": self.name,
             "episodes": len(output),
             "concurrency": concurrency,
-            "env_failures": failed,
+            "failed_episodes": failed,
+            "failure_kinds": dict(Counter(k for k in output.non_tensor_batch["seal_failure_kind"] if k)),
             "lost": int(after.get("episodes_lost", 0) - self.before.get("episodes_lost", 0)),
             "refused_429": refused,
             "other_retries": sum(retries.values()) - refused,
@@ -262,14 +318,31 @@ class PeakRss:
         self._stop.set()
 
 
-def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]) -> list[dict]:
+@dataclass(frozen=True)
+class Node:
+    """The resources a GPU node shows its job (``--node-cpus``, ``--node-memory-gib``): Ray's CPU slots, and the
+    environment workers the launcher would size there (``env_service.workers.sizing``). None: this machine's."""
+
+    cpus: int
+    memory_gib: float
+
+    def env_workers(self, peak_episodes: int):
+        from env_service.workers.sizing import size_workers
+
+        with tempfile.TemporaryDirectory() as folder:  # no cgroup limits; the node's MemAvailable
+            meminfo = Path(folder) / "meminfo"
+            meminfo.write_text(f"MemAvailable: {int(self.memory_gib * 2**20)} kB\n")
+            return size_workers(peak_episodes, cgroup_root=folder, meminfo=meminfo, affinity=set(range(self.cpus)))
+
+
+def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str], node: Node | None) -> list[dict]:
     import ray
     from omegaconf import OmegaConf
 
     from seal import launch
     from seal.launch.env_services import peak_episodes
 
-    config = compose(conf, scale, out / f"x{scale}", overrides)
+    config, dp_ranks = compose(conf, scale, out / f"x{scale}", overrides)
     launch.check_values(config)
     launch.check_inputs(config)
     config = launch.prepare(config)
@@ -277,6 +350,10 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
         print(f"[production shape] warning: {warning}")
     peak = peak_episodes(config)
     workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
+    if node is not None:
+        sizing = node.env_workers(peak)
+        OmegaConf.update(config, "env_service.serve.workers", sizing.workers)
+        print(f"[production shape] a node of {node.cpus} CPUs and {node.memory_gib:g} GiB: {sizing.describe()}")
     from seal.agent_loop import ENV_CALL_THREADS
 
     print(
@@ -293,15 +370,15 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
         config.env_service.url = url
         launch.set_run_environment(config)
         OmegaConf.resolve(config)  # as verl's task runner does before it builds anything
-        _start_ray(config, probe)
+        _start_ray(config, probe, node)
         try:
-            results = _rollouts(config, steps, probe)
+            results = _rollouts(config, steps, probe, dp_ranks)
         finally:
             ray.shutdown()
     return results
 
 
-def _start_ray(config, probe: Path) -> None:
+def _start_ray(config, probe: Path, node: Node | None) -> None:
     """A local Ray cluster with the run's runtime env (as verl's run_ppo starts one), plus the probe in every verl
     process."""
     import ray
@@ -317,16 +394,16 @@ def _start_ray(config, probe: Path) -> None:
         filter(None, [env.get("VERL_USE_EXTERNAL_MODULES"), "production_shape"])
     )
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(REPO / "scripts"), os.environ.get("PYTHONPATH")]))
-    # Ray's slots, not cores: one per agent-loop worker and a few for verl's other actors
+    # Ray's slots, not cores: the node's, else one per agent-loop worker and a few for verl's other actors
     ray.init(
-        num_cpus=int(config.actor_rollout_ref.rollout.agent.num_workers) + 4,
+        num_cpus=node.cpus if node else int(config.actor_rollout_ref.rollout.agent.num_workers) + 4,
         include_dashboard=False,
         runtime_env=runtime_env,
         log_to_driver=False,
     )
 
 
-def _rollouts(config, steps: int, probe: Path) -> list[dict]:
+def _rollouts(config, steps: int, probe: Path, dp_ranks: int) -> list[dict]:
     import numpy as np
     from torch.utils.data import DataLoader
     from verl import DataProto
@@ -339,7 +416,7 @@ def _rollouts(config, steps: int, probe: Path) -> list[dict]:
     from verl.workers.rollout.llm_server import LLMServerManager
 
     from env_service.client import EnvClient
-    from seal.failed_episodes import SealAgentLoopManager
+    from seal.failed_episodes import SealAgentLoopManager, failure_shares, raise_if_too_many
     from seal.resume import train_sampler
 
     model = omega_conf_to_dataclass(config.actor_rollout_ref.model, HFModelConfig)
@@ -361,6 +438,7 @@ def _rollouts(config, steps: int, probe: Path) -> list[dict]:
         drop_last=True,
     )
     batches = iter(loader)
+    trainer_side = TrainerSide(config, dp_ranks, steps_per_epoch=len(loader))
     for step in range(1, steps + 1):
         batch = DataProto.from_single_dict(next(batches))
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -368,9 +446,10 @@ def _rollouts(config, steps: int, probe: Path) -> list[dict]:
         gen.meta_info["global_steps"] = step
         gen = gen.repeat(repeat_times=int(rollout.n), interleave=True)
         phase = Phase(f"step {step}", probe, client.health)
-        output = manager.generate_sequences(gen)
+        output = manager.generate_sequences(gen)  # the failure stop: as in training (SealAgentLoopManager)
         results.append(phase.finish(output, rss.take(), len(gen)))
         _print(results[-1])
+        results[-1]["trainer_side"] = trainer_side.step(step, batch, output)
 
     val = create_rl_dataset(config.data.val_files, config.data, tokenizer, None, is_train=False)
     batch = DataProto.from_single_dict(collate_fn([val[i] for i in range(len(val))]))
@@ -390,8 +469,78 @@ def _rollouts(config, steps: int, probe: Path) -> list[dict]:
     output = manager.generate_sequences(gen)
     results.append(phase.finish(output, rss.take(), len(gen)))
     _print(results[-1])
+    nt = output.non_tensor_batch  # the validation's failure stop, as the trainer's validation has it
+    raise_if_too_many(nt["seal_failure_kind"], nt["seal_error"], failure_shares(config.seal.validation), "validation")
     rss.stop()
     return results
+
+
+class TrainerSide:
+    """What a step runs between its rollout and its model passes, none of which needs the model: verl's own pieces
+    in ``fit``'s order (the batch joined with its rollout, the response mask, ``_balance_batch`` over the recipe's
+    data-parallel ranks, the reward, ``compute_advantage``) and then the SEAL step (``_seal_step``: failed episodes
+    out of their groups, diagnosis into the capability state, A-Patch), on a trainer with no workers behind it."""
+
+    def __init__(self, config, dp_ranks: int, steps_per_epoch: int):
+        from seal.trainer import SealTrainer
+
+        self.config, self.dp_ranks = config, dp_ranks
+        self.trainer = SealTrainer.seal_parts_only(config, steps_per_epoch)
+        self.trainer._get_dp_size = lambda worker_group, role: dp_ranks  # what the actor's worker group would say
+        self.trainer.actor_rollout_wg = None
+
+    def step(self, step: int, batch, output) -> dict:
+        import torch
+        from verl.trainer.ppo.ray_trainer import compute_advantage, compute_response_mask
+        from verl.trainer.ppo.reward import extract_reward
+
+        algorithm, rollout = self.config.algorithm, self.config.actor_rollout_ref.rollout
+        start = time.perf_counter()
+        batch = batch.repeat(repeat_times=int(rollout.n), interleave=True).union(output)
+        batch.batch["response_mask"] = compute_response_mask(batch)
+        metrics: dict = {}
+        if self.config.trainer.balance_batch:
+            self.trainer._balance_batch(batch, metrics=metrics)
+        rewards, _ = extract_reward(batch)
+        batch.batch["token_level_scores"] = batch.batch["token_level_rewards"] = rewards
+        batch = compute_advantage(
+            batch,
+            adv_estimator=algorithm.adv_estimator,
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            num_repeat=int(rollout.n),
+            norm_adv_by_std_in_grpo=algorithm.get("norm_adv_by_std_in_grpo", True),
+            config=algorithm,
+        )
+        self.trainer.global_steps = step
+        metrics.update(self.trainer._seal_step(batch))
+        advantages = batch.batch["advantages"][batch.batch["response_mask"].bool()]
+        metrics["trainer_side_s"] = time.perf_counter() - start
+        metrics["trained_tokens"] = int(batch.batch["response_mask"].sum())
+        metrics["nonzero_advantage_share"] = float((advantages != 0).float().mean()) if len(advantages) else 0.0
+        metrics["finite"] = bool(torch.isfinite(batch.batch["advantages"]).all())
+        self._print(step, metrics)
+        return metrics
+
+    def _print(self, step: int, m: dict) -> None:
+        from seal.diagnostics import METRIC_STATE
+
+        if not m["finite"]:
+            raise RuntimeError(f"step {step}: a non-finite advantage after the SEAL step")
+        balance = m.get("global_seqlen/max", 0) / max(m.get("global_seqlen/min", 0), 1)
+        scales = "/".join(f"{m.get(f'{self.trainer.apatch_cfg.metric_prefix}/scale/{q}', 1.0):.2f}" for q in QUANTILES)
+        print(
+            f"[production shape] step {step} trainer side: {m['trainer_side_s']:.2f} s (balance, reward, GRPO, SEAL "
+            f"step); {m['trained_tokens']:,} trained tokens over {self.dp_ranks} data-parallel ranks, max/min tokens "
+            f"a rank {balance:.3f}; non-zero advantages on {100 * m['nonzero_advantage_share']:.0f}% of trained "
+            f"tokens; A-Patch scale min/p50/max {scales}; capability state observed "
+            f"{m.get(f'{METRIC_STATE}/observe_count', 0):.0f} trajectories",
+            flush=True,
+        )
+
+
+#: The A-Patch scale quantiles a step's line prints.
+QUANTILES = ("min", "p50", "max")
 
 
 def _service_pid(config) -> int:
@@ -409,7 +558,7 @@ def _service_pid(config) -> int:
 
 def _print(r: dict) -> None:
     print(
-        f"[production shape] {r['phase']}: {r['episodes']} episodes at once, {r['env_failures']} env failures, "
+        f"[production shape] {r['phase']}: {r['episodes']} episodes at once, {r['failed_episodes']} failed episodes {r['failure_kinds']}, "
         f"{r['lost']} lost, {r['refused_429']} refused (429) and retried, {r['other_retries']} other retries; "
         f"{r['env_calls']} env calls ({r['peak_in_flight']} at most in flight), p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms; env share "
         f"{100 * r['env_share']:.0f}% of the episodes' time; rollout {r['wall_s']:.1f} s; service peak RSS "
@@ -422,25 +571,35 @@ def summary(results: list[dict]) -> str:
     episodes = sum(r["episodes"] for r in results)
     share = sum(r["env_wait_s"] for r in results) / max(sum(r["episode_s"] for r in results), 1e-9)
     return (
-        f"production shape: {episodes} episodes at concurrency {max(r['concurrency'] for r in results)}: "
-        f"{sum(r['env_failures'] for r in results)} env failures, {sum(r['refused_429'] for r in results)} refused "
+        f"production shape: {episodes} episodes at concurrency {max(r['concurrency'] for r in results)} (peak "
+        f"{max(r['peak_in_flight'] for r in results)} environment calls in flight): "
+        f"{sum(r['failed_episodes'] for r in results)} failed episodes, {sum(r['refused_429'] for r in results)} refused "
         f"(429), env share {100 * share:.0f}%"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
+    from seal.failed_episodes import TooManyFailedEpisodes
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", default="exp/SEAL.yaml", help="the GPU recipe (default exp/SEAL.yaml)")
     parser.add_argument("--steps", type=int, default=3, help="training rollouts per scale (default 3)")
     parser.add_argument("--scales", default="1,2", help="concurrency scales: 1 = the recipe's (default 1,2)")
     parser.add_argument("--out", default="experiments/production_shape", help="run folder (service log, probes)")
+    parser.add_argument("--node-cpus", type=int, help="a GPU node's CPUs (Ray's slots, the env workers sized there)")
+    parser.add_argument("--node-memory-gib", type=float, default=1024.0, help="with --node-cpus: its memory")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env_service.serve.workers=4")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = Path(args.out).resolve()
+    node = Node(args.node_cpus, args.node_memory_gib) if args.node_cpus else None
     results = []
-    for scale in [int(s) for s in args.scales.split(",")]:
-        results += run_scale(args.conf, scale, args.steps, out, args.overrides)
+    try:
+        for scale in [int(s) for s in args.scales.split(",")]:
+            results += run_scale(args.conf, scale, args.steps, out, args.overrides, node)
+    except TooManyFailedEpisodes as stop:  # the recipe's own failure stop
+        print(f"[production shape] stopped: {stop}", flush=True)
+        return 1
     tokens = max(r["tokens"] for r in results if r["phase"].startswith("step"))
     mean = max(r["mean_tokens"] for r in results if r["phase"].startswith("step"))
     print(
@@ -449,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         "this measures the rollout path and the environment service."
     )
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    failed = sum(r["env_failures"] + r["lost"] for r in results)
+    failed = sum(r["failed_episodes"] + r["lost"] for r in results)
     print(summary(results), flush=True)
     return 1 if failed else 0
 

@@ -62,6 +62,16 @@ class SealTrainer(RayPPOTrainer):
         super().__init__(*args, **kwargs)
         self._init_seal()
 
+    @classmethod
+    def seal_parts_only(cls, config, steps_per_epoch: int) -> SealTrainer:
+        """A trainer with its SEAL parts and no Ray workers behind it (tests, and the CPU rehearsal of a step's
+        trainer side in ``scripts/production_shape.py``): ``_seal_step`` and the validation metrics run, nothing
+        that needs a model does."""
+        trainer = cls.__new__(cls)
+        trainer.config, trainer.train_dataloader, trainer.global_steps = config, [None] * steps_per_epoch, 1
+        trainer._init_seal()
+        return trainer
+
     def _init_seal(self) -> None:
         seal = self.config.seal
         self.diagnosis_enabled = bool(seal.diagnosis.enable)

@@ -51,7 +51,7 @@ def server(tiny_dir):
 
 
 def test_without_mistakes_the_script_is_the_ground_truth(config, server, tokenizer):
-    server.config = ScriptConfig(wrong_argument=0, malformed=0, early_stop=0, extra_call=0)
+    server.config = ScriptConfig(wrong_argument=0, malformed=0, early_stop=0, extra_call=0, length_cut=0)
     for task in TASKS:
         out = run(config, tokenizer, server, task)
         assert out.reward_score == 1.0 and out.extra_fields["seal_termination"] == "completed", (task, out.extra_fields)
@@ -68,3 +68,43 @@ def test_mistakes_fail_episodes_with_the_tags_of_their_kind_and_a_seed_answers_t
     assert tags - {"pass"}, tags  # mistakes the verifier names
     again = run(config, tokenizer, server, TASKS[1], {SEED_FIELD: 3})
     assert again.response_ids == episodes[3].response_ids
+
+
+def test_a_ramble_is_cut_at_the_length_limit_without_its_end_of_turn_as_vllm_cuts_it(config, server, tokenizer):
+    """Every answer rambling (``length_cut=1``): each generation is exactly the call's ``max_tokens`` long and has no
+    end-of-turn token; the agent loop closes each such turn for the context without training on the closing token."""
+    server.config = ScriptConfig(length_cut=1.0)
+    out = run(config, tokenizer, server, TASKS[0], {SEED_FIELD: 5})
+    assert not out.extra_fields["seal_failed"], out.extra_fields["seal_error"]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turns, current = [], []
+    for token, mask in zip(out.response_ids, out.response_mask):
+        if mask:
+            current.append(token)
+        elif current:
+            turns.append(current)
+            current = []
+    assert turns and all(len(turn) == 1024 and turn[-1] != end for turn in turns[:-1]), [len(t) for t in turns]
+
+
+def test_in_the_llama_format_a_tool_result_is_read_as_the_latest_message_not_the_question(tmp_path_factory):
+    """Llama 3.1 puts tool results in ``ipython`` messages, not user ones: after the environment answered the turn's
+    calls the script must read that answer (and end the turn), not answer the question before it again."""
+    from seal.cpu.tiny_model import LLAMA31_CHAT_TEMPLATE, build_tiny_model
+
+    model = build_tiny_model(tmp_path_factory.mktemp("llama") / "tiny", shape="bfcl_bpe_llama3")
+    server = ScriptedServer(
+        str(model), ScriptConfig(turn_start_token="<|start_header_id|>", end_of_turn_token="<|eot_id|>")
+    )
+    question = next(iter(server.by_question))
+    asked = [{"role": "system", "content": "tools"}, {"role": "user", "content": question}]
+    answered = [*asked, {"role": "assistant", "content": "[ls()]"}, {"role": "ipython", "content": '{"ls": []}'}]
+
+    def turn(messages):
+        prompt = server.tokenizer.apply_chat_template(
+            messages, chat_template=LLAMA31_CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True
+        )
+        return server.read(list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt))
+
+    assert turn(asked).question == 0
+    assert turn(answered).question is None and turn(answered).current == 0

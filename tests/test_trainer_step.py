@@ -36,10 +36,7 @@ def make_trainer(tmp_path, *overrides, steps_per_epoch=2):
         ],
     )
     OmegaConf.resolve(cfg)
-    trainer = SealTrainer.__new__(SealTrainer)  # the SEAL parts only: no Ray workers behind this trainer
-    trainer.config, trainer.train_dataloader, trainer.global_steps = cfg, [None] * steps_per_epoch, 1
-    trainer._init_seal()
-    return trainer
+    return SealTrainer.seal_parts_only(cfg, steps_per_epoch)
 
 
 def make_batch(rows, response_len=6):

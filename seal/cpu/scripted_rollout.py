@@ -5,12 +5,15 @@ GPU recipe's concurrency on a machine that cannot generate that fast (``scripts/
 It plugs into verl's rollout registries as ``hf`` does (``seal/verl_plugins.py``: ``rollout.name=scripted``) and
 sits behind the same interface: token ids in, token ids out. What it answers is a function of the prompt alone (verl
 gives every turn a fresh request id, so nothing per episode can be kept): it finds the task by the episode's first
-user message, the turn by the last user message, and answers like a model that mostly knows the ground truth
+user message, the turn by the last message of the environment (a user or tool-result message), and answers like a model that mostly knows the ground truth
 (``env_service/replay.py``'s messages), with set shares of realistic mistakes (``ScriptConfig``):
 
 * at a turn's question: the turn's ground-truth calls, some with one wrong argument; or a malformed call; or no call
   at all (an early stop); a turn whose ground truth has no call gets the text that moves on;
-* after the environment's reply to calls: the text that ends the turn, or first an extra call.
+* after the environment's reply to calls: the text that ends the turn, or first an extra call;
+* at any turn, a share of rambles: the answer goes on past the request's ``max_tokens`` and is cut there, without
+  its end-of-turn token, as vLLM cuts a generation at its length limit (and reports it ``completed``, as verl's
+  vLLM server does for ``length``).
 
 Its choices are drawn from the request's sampling seed (training samples are seeded by their step, attempt and
 call: ``seal/resume.py``), else from the prompt, so a rerun answers the same. It never runs a model: the update that
@@ -29,6 +32,11 @@ from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutpu
 from seal.cpu.hf_rollout import IdleServer, _model_path, server_actor_name
 
 ROLLOUT_NAME = "scripted"
+#: The roles of what the environment says: the user (Qwen's tool results too) and Llama 3.1's tool results
+#: (``ipython``), so the script reads a tool result as the latest message, not the question before it.
+ENVIRONMENT_ROLES = ("user", "ipython")
+#: What a rambling answer repeats until its length limit cuts it.
+RAMBLE = " Let me check that once more before I answer."
 
 
 @dataclass(frozen=True)
@@ -36,12 +44,14 @@ class ScriptConfig:
     """``actor_rollout_ref.rollout.custom.scripted`` (verl's extension point for a backend's own settings).
 
     Shares are per decision: ``wrong_argument`` and ``malformed`` of the messages that carry a turn's calls,
-    ``early_stop`` of the turns that have calls, ``extra_call`` of the replies to calls."""
+    ``early_stop`` of the turns that have calls, ``extra_call`` of the replies to calls, ``length_cut`` of every
+    answer."""
 
     wrong_argument: float = 0.10
     malformed: float = 0.03
     early_stop: float = 0.05
     extra_call: float = 0.05
+    length_cut: float = 0.02
     tool_prompt_mode: str = "bfcl_qwen_fc"  # the syntax of the calls (env_service.bfcl.tool_prompt_mode)
     turn_start_token: str = (
         "<|im_start|>"  # what starts a chat message in the template (Llama 3.1: <|start_header_id|>)
@@ -81,6 +91,7 @@ class ScriptedServer(IdleServer):
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.turn_start = self.tokenizer.convert_tokens_to_ids(self.config.turn_start_token)
         self.end_of_turn = self.tokenizer.convert_tokens_to_ids(self.config.end_of_turn_token)
+        self.ramble = self.tokenizer.encode(RAMBLE, add_special_tokens=False)
         # every task of the release (train and held-out), by its first question
         self.by_question: dict[str, list] = {}
         for task_id in task_ids("train") + task_ids("heldout"):
@@ -104,7 +115,10 @@ class ScriptedServer(IdleServer):
         turn = self.read(prompt_ids)
         rng = random.Random(params["seed"] if params.get("seed") is not None else zlib.crc32(repr(prompt_ids).encode()))
         ids = self.tokenizer.encode(self.script(turn, rng), add_special_tokens=False) + [self.end_of_turn]
-        ids = ids[: int(params.get("max_tokens") or len(ids))]
+        limit = int(params.get("max_tokens") or len(ids))
+        if rng.random() < self.config.length_cut:  # a ramble that runs into the length limit
+            ids = ids[:-1] + self.ramble * (limit // len(self.ramble) + 1)
+        ids = ids[:limit]
         self.answers += 1
         return TokenOutput(
             token_ids=ids,
@@ -117,11 +131,11 @@ class ScriptedServer(IdleServer):
     # ---- reading the prompt -----------------------------------------------------------------------
 
     def read(self, prompt_ids: list[int]) -> Turn:
-        """The episode's task (by its first user message) and turn (by the latest user message with a question of
+        """The episode's task (by its first user message) and turn (by the latest environment message with a question of
         that task), decoding only those messages: the prompt is the whole context, up to tens of thousands of
         tokens, and every turn of every episode comes here."""
         spans = self._spans(prompt_ids)
-        users = [span for span in spans if self._role(prompt_ids, span) == "user"]
+        users = [span for span in spans if self._role(prompt_ids, span) in ENVIRONMENT_ROLES]
         first = self._content(prompt_ids, users[0]) if users else ""
         if first not in self.by_question:
             raise ValueError("scripted rollout: the prompt's first user message is no BFCL task's first question")
