@@ -156,15 +156,28 @@ def _exit_with_owner(parent_pid: int, secret_file: str | None) -> None:
     there): a service that cannot tell when its run ends must not start as if it could."""
     from env_service.workers.parent_watch import CannotWatch, exit_with_parent
 
-    def remove_secret() -> None:
-        if secret_file:
-            with contextlib.suppress(OSError):
-                os.unlink(secret_file)
-
+    remove_secret = _secret_remover(secret_file) if secret_file else None
     try:
         exit_with_parent(parent_pid, on_exit=remove_secret)
     except CannotWatch as error:
         raise CliError(f"--parent-pid {parent_pid}: {error}") from None
+
+
+def _secret_remover(secret_file: str):
+    """What removes ``secret_file`` at exit: an unlink of its name in the folder it is in now, opened now. Its path is
+    read again at exit no more: by then the folder may have been moved and its path made a link to another folder,
+    and an unlink by path removed that folder's file of the same name."""
+    folder, name = os.path.split(os.path.abspath(secret_file))
+    try:
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise CliError(f"--secret-file {secret_file}: its folder: {error.strerror}") from None
+
+    def remove_secret() -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=folder_fd)
+
+    return remove_secret
 
 
 def cmd_prompt(args) -> int:

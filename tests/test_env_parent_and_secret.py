@@ -69,6 +69,41 @@ def test_a_service_started_through_a_forking_wrapper_follows_the_named_process(t
         wrapper.wait()
 
 
+def _started(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not _healthy(port):
+        assert proc.poll() is None, f"the service exited: {proc.communicate()[1][-1500:]}"
+        assert time.monotonic() < deadline, "the service did not come up"
+        time.sleep(0.2)
+
+
+def test_the_secret_is_removed_from_the_folder_it_was_read_in_even_if_that_folders_path_now_names_another(tmp_path):
+    """The run's folder is moved away and its path made a symbolic link to another folder holding a file of the
+    secret's name while the service runs: at exit the service removes its secret from the folder it opened at start,
+    never the other folder's file (before: it unlinked by path, through the link)."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim"
+    run_dir.mkdir(mode=0o700)
+    victim.mkdir(mode=0o700)
+    (victim / "secret").write_text("someone else's file")
+    secret_file = Path(write_secret(run_dir / "secret", SECRET))
+    owner = subprocess.Popen(["sleep", "120"])
+    port = _free_port()
+    proc = _serve(owner.pid, secret_file, port, wrapper=False)
+    try:
+        _started(port, proc)
+        run_dir.rename(tmp_path / "moved")
+        run_dir.symlink_to(victim, target_is_directory=True)
+        owner.kill()
+        owner.wait()
+        assert proc.wait(timeout=20) == EXIT_ORPHANED
+        assert (victim / "secret").read_text() == "someone else's file"
+        assert not (tmp_path / "moved" / "secret").exists(), "the secret goes, from the folder it was read in"
+    finally:
+        owner.kill()
+        proc.kill()
+        proc.wait()
+
+
 def test_serve_refuses_a_parent_pid_it_cannot_follow_and_keeps_the_secret_file(tmp_path):
     secret_file = Path(write_secret(tmp_path / "secret", SECRET))
     gone = subprocess.Popen(["true"])

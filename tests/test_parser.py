@@ -16,10 +16,13 @@ from env_service.bfcl.parser import (
     ERR_NO_VALID_BLOCK,
     ERR_PY_EMBEDDED,
     ERR_PY_XML_TAGS,
+    FENCE_PATTERN,
     MAX_ARGUMENT_DEPTH,
     MAX_CALLS_PER_MESSAGE,
     MAX_TEXT_CHARS,
     TOOL_CALL_PATTERN,
+    _fenced,
+    _strip_fence,
     find_tool_call_blocks,
     parse_assistant,
     parse_python_calls,
@@ -187,6 +190,44 @@ def test_whitespace_definition_matches_regex():
     for code in range(0x3000 + 1):
         ch = chr(code)
         assert (re.fullmatch(r"\s", ch) is not None) == ch.isspace(), hex(code)
+
+
+# --- the fence reader equals the pattern it replaces (linear; the pattern is cubic on blanks: test_parser_cost.py) ---
+
+_FENCE_ALPHABET = ["`", "```", " ", "\t", "\n", "\r", "a", "-", "_", "1", "\u00e9", "\u00a0", "[", "("]
+_FENCE_ENDS = ["```", "```\n", " ```", "\n```", "\n \t```\n", "``", ""]
+
+
+def _regex_fenced(text: str) -> str | None:
+    match = re.match(FENCE_PATTERN, text, re.DOTALL)
+    return match.group(1) if match else None
+
+
+def test_fence_reader_equals_the_pattern_on_random_inputs():
+    rng = random.Random(41)
+    for _ in range(20_000):
+        text = "".join(rng.choice(_FENCE_ALPHABET) for _ in range(rng.randint(0, 12)))
+        text = ("```" if rng.random() < 0.8 else "") + text + rng.choice(_FENCE_ENDS)
+        assert _fenced(text) == _regex_fenced(text), repr(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "```python\n[ls(a=True)]\n```",
+        "```\n[cd(folder='doc')]\n```",
+        "```py [ls()] ```",
+        "```tool_code\n  [ls()]  \n```\n",
+        "```\n```",
+        "``````",
+        "```",
+        "```json\n",
+        "[ls()]",
+    ],
+)
+def test_fenced_replies_read_as_before(text):
+    expected = _regex_fenced(text)
+    assert _strip_fence(text) == (text if expected is None else expected.strip())
 
 
 # --- robustness ----------------------------------------------------------------------------------

@@ -27,7 +27,10 @@ arguments on as given), so no call is kept or run beyond them whichever mode rea
 
 The ``<tool_call>`` matcher is a linear-time equivalent of the released parser's regular expression
 :data:`TOOL_CALL_PATTERN` (whose backtracking is quadratic on unterminated, repeated blocks — a real
-degenerate-policy output); ``tests/test_parser.py`` checks the equivalence on random inputs.
+degenerate-policy output), and the Markdown-fence reader one of :data:`FENCE_PATTERN` (cubic on runs of blanks);
+``tests/test_parser.py`` checks both equivalences on random inputs, ``tests/test_parser_cost.py`` that reading any
+message costs linear time in its length. Every other pattern here is linear: keep it so (no two quantifiers that can
+take the same characters side by side).
 """
 
 from __future__ import annotations
@@ -320,7 +323,14 @@ _INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u
 _NAME = rf"(?:[^\W\d]|[{_INVISIBLE}])(?:[\w.]|[{_INVISIBLE}])*"
 _CALL_START = re.compile(rf"{_NAME}\(")
 _EMBEDDED_CALL_LIST = re.compile(rf"\[\s*{_NAME}\s*\(")
-_FENCE = re.compile(r"^```[\w-]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
+#: The fence a reply may be wrapped in, as first written (used with ``re.match``): the reference for
+#: :func:`_strip_fence`, which reads the same group in linear time. The pattern itself is cubic on a run of blanks
+#: after an opening fence (its three blank runs share the same characters: a 1 KiB reply of blanks held a worker for
+#: about 2 s, 64 KiB past the message budget).
+FENCE_PATTERN = r"^```[\w-]*[ \t]*\n?(.*?)\n?[ \t]*```$"
+# The opening fence alone: each quantifier's greedy first try is the match (what follows them is optional), so it
+# never backtracks.
+_FENCE_OPEN = re.compile(r"```[\w-]*[ \t]*\n?")
 
 ERR_PY_EMBEDDED = (
     "Found function-call syntax, but the reply is not exactly one list [func_name(arg=value), ...]; "
@@ -332,8 +342,29 @@ ERR_PY_XML_TAGS = (
 
 
 def _strip_fence(text: str) -> str:
-    match = _FENCE.match(text)
-    return match.group(1).strip() if match else text
+    """The reply inside a Markdown code fence (``FENCE_PATTERN``'s group, stripped), else ``text`` as it is."""
+    inside = _fenced(text)
+    return text if inside is None else inside.strip()
+
+
+def _fenced(text: str) -> str | None:
+    """``FENCE_PATTERN``'s group 1 on ``text`` (DOTALL, ``re.match``), or None where it does not match; linear.
+
+    The closing fence must end the text (``$``: or just before a final newline). The group starts where the greedy
+    opening (info string, blanks, a newline) ends, or at the closing fence when the opening reaches past it (the
+    regex backtracks the opening one character at a time); being lazy, it ends at the first place from which only an
+    optional newline and blanks lead to the closing fence."""
+    end = len(text) - 1 if text.endswith("\n") else len(text)
+    close = end - 3
+    if not text.startswith("```") or close < 3 or text[close:end] != "```":
+        return None
+    start = min(_FENCE_OPEN.match(text).end(), close)
+    blanks = close
+    while blanks > start and text[blanks - 1] in " \t":
+        blanks -= 1
+    if blanks > start and text[blanks - 1] == "\n":
+        blanks -= 1
+    return text[start:blanks]
 
 
 def _dotted_name(node: ast.AST) -> str | None:
@@ -479,6 +510,7 @@ __all__ = [
     "ERR_NO_VALID_BLOCK",
     "ERR_PY_EMBEDDED",
     "ERR_PY_XML_TAGS",
+    "FENCE_PATTERN",
     "MAX_ARGUMENT_DEPTH",
     "MAX_CALLS_PER_MESSAGE",
     "MAX_TEXT_CHARS",

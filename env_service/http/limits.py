@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, fields
 
 from env_service.http.auth import AUTH_HEADER, RUN_ID_HEADER
+from env_service.http.delivery import Deliveries, Delivery
 
 #: Largest request body read at all. The assistant content limit (manager.MAX_CONTENT_BYTES, 256 KiB)
 #: applies after decoding; JSON escapes can inflate text up to 6x, hence the margin.
@@ -375,7 +376,7 @@ class AnswersInFlight:
         self._arm(loop)
 
 
-def guarded_protocol(limits: HttpLimits):
+def guarded_protocol(limits: HttpLimits, deliveries: Deliveries | None = None):
     """uvicorn's httptools protocol class with ``limits`` on header bytes, header count, read time, connections
     per client, requests in flight per connection and request bytes in flight (see ``HttpLimits``).
 
@@ -386,6 +387,9 @@ def guarded_protocol(limits: HttpLimits):
     and uvicorn builds a request per message parsed and, while one is processed, resumes reading; so a connection
     pipelining 2 MiB of requests made 63 k of them (~150 MiB). uvicorn's h11 protocol stops parsing at the next
     request, but buffers all it reads and has none of the limits here.
+
+    ``deliveries``: where each connection is filed for the app, which tells it what to undo if an answer is not
+    taken (``env_service.http.delivery``); each connection says when its answers were taken or not.
     """
     from uvicorn.protocols.http.flow_control import FlowControl
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -393,6 +397,8 @@ def guarded_protocol(limits: HttpLimits):
     open_connections = OpenConnections()  # one per server, touched only by its event loop
     bytes_in_flight = BytesInFlight(limits.max_body_bytes_in_flight)
     answers_in_flight = AnswersInFlight(limits.max_answer_bytes_in_flight, limits.write_timeout_s)
+    deliveries = deliveries if deliveries is not None else Deliveries()
+    deliveries.served = True
     shed_at = max(limits.max_connections - max(limits.max_connections // 16, 1), 1)
 
     class HoldingFlowControl(FlowControl):
@@ -422,6 +428,8 @@ def guarded_protocol(limits: HttpLimits):
             self._body_left = 0  # declared body bytes of the request being parsed not yet fed to the parser
             self._charges: collections.deque[int] = collections.deque()  # body charge of each unanswered request
             self._peer = peer_key((transport.get_extra_info("peername") or ("?",))[0])
+            self.delivery, self._delivery_key = Delivery(self.loop), Deliveries.key(self.server, self.client)
+            deliveries.opened(self._delivery_key, self)
             if not self._make_room():
                 return self._refuse(
                     503,
@@ -433,12 +441,35 @@ def guarded_protocol(limits: HttpLimits):
             self._arm_read_timer()  # a connection that never sends a request is dropped too
 
         def connection_lost(self, exc) -> None:
+            # Reset (its client closed it with the answer unread, or reset it), or closed before the answer was written:
+            # not taken. Else it was closed in order after its answers had gone (by us: idle, or shed empty-handed).
+            if self.delivery and (exc is not None or not self._answered()):
+                self.delivery.not_taken(f"the connection was lost ({type(exc).__name__ if exc else 'closed'})")
+            self.delivery.taken()
+            deliveries.closed(self._delivery_key, self)
             self._disarm_read_timer()
             open_connections.remove(self)
             bytes_in_flight.release(self)
             answers_in_flight.forget(self)
             self._unparsed, self._parsed, self._held_back = b"", 0, 0
             super().connection_lost(exc)
+
+        def eof_received(self):
+            """Its client closed its side: it took the answer if every byte of it had arrived (a close with bytes
+            unread is a reset, not this), else it left without it."""
+            if self.delivery:
+                if self._answered() and not self.held_answer_bytes():
+                    self.delivery.taken()
+                else:
+                    self.delivery.not_taken("its client closed the connection before it had taken the answer")
+            return super().eof_received()
+
+        def _answered(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def may_answer(self) -> bool:
+            """Whether an answer written now can still leave (the connection open, its request's client there)."""
+            return not self.transport.is_closing() and not (self.cycle is not None and self.cycle.disconnected)
 
         def activity(self) -> str:
             """``IDLE``, ``ARRIVING`` or ``BUSY`` (see ``OpenConnections``); one holding pipelined bytes back counts
@@ -462,6 +493,7 @@ def guarded_protocol(limits: HttpLimits):
             reset, so the kernel frees the answer bytes in the socket's send queue now rather than after minutes of
             retries."""
             self.logger.warning("dropped a connection of %s: %s", self.client, why)
+            self.delivery.not_taken(f"the connection was dropped: {why}")
             sock = self.transport.get_extra_info("socket")
             if sock is not None:
                 with contextlib.suppress(OSError):
@@ -589,6 +621,7 @@ def guarded_protocol(limits: HttpLimits):
                 self._parse()
 
         def on_message_begin(self) -> None:
+            self.delivery.taken()  # its client sends the next request: it has read the answers before it
             super().on_message_begin()
             self._receiving = True
             self._file()

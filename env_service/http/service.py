@@ -54,6 +54,7 @@ from env_service.abandon import Abandon
 from env_service.episodes.manager import EpisodeManager, check_instance_id
 from env_service.errors import ManagerError
 from env_service.http.auth import AUTH_HEADER, OPEN_PATHS, RUN_ID_HEADER, SECRET_ENV, check_bind
+from env_service.http.delivery import Deliveries
 from env_service.http.endpoints import ENDPOINTS, Caller, Endpoint
 from env_service.http.limits import MAX_BODY_BYTES, HttpLimits, guarded_protocol, peer_key
 from env_service.json_safe import sanitise
@@ -304,6 +305,7 @@ def create_app(
     app.state.in_flight = collections.Counter()  # client -> requests in flight
     app.state.run_ids = RunIdsPerPeer(limits.max_run_ids_per_peer, manager.idle_timeout_s)
     app.state.service_id = service_id
+    app.state.deliveries = Deliveries()  # the connections answers leave on (the served protocol files them)
     app.add_middleware(BodyLimitMiddleware, limit=limits.max_body_bytes)
     if secret:  # added last: outermost, so the secret is checked before a body is read
         app.add_middleware(SecretMiddleware, secret=secret)
@@ -342,11 +344,20 @@ async def _run(request: Request, endpoint: Endpoint, manager: EpisodeManager, bo
         result, error = await _in_thread(request, endpoint, manager, body, caller, abandon)
     finally:
         watch.cancel()
-    if not abandon.gone:
+    if not abandon.gone and not _undone_unless_taken(request, endpoint, manager, result, error, caller):
         return _response(manager, request, result, error)
     if error is None and endpoint.undo is not None:  # finished as its client left: its thread may have missed it
         await anyio.to_thread.run_sync(endpoint.abandoned, manager, result, caller, limiter=request.app.state.limiter)
     return _error(499, "client_gone", "the client disconnected before its answer")
+
+
+def _undone_unless_taken(request: Request, endpoint: Endpoint, manager, result, error, caller: Caller) -> bool:
+    """Have what this answer made (a created episode) undone if its client does not take the answer: it leaves
+    after the work is done, before reading (``env_service.http.delivery``). True when the connection is gone already
+    (undone now: the answer cannot leave)."""
+    if error is not None or endpoint.undo is None:
+        return False
+    return not request.app.state.deliveries.expect(request.scope, lambda: endpoint.abandoned(manager, result, caller))
 
 
 async def _in_thread(
@@ -509,7 +520,7 @@ def _uvicorn_config(app, host: str, port: int, log_level: str, access_log: bool,
         log_level=log_level,
         access_log=access_log,
         lifespan="on",
-        http=guarded_protocol(limits),
+        http=guarded_protocol(limits, app.state.deliveries),
         # No WebSocket endpoints: an upgrade request is plain HTTP (404). With upgrades on, uvicorn handed the
         # connection to its WebSocket protocol, beyond every limit here and without closing its record: each
         # upgrade from loopback held a connection slot for good, and 1,024 of them locked loopback out.
