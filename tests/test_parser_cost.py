@@ -118,7 +118,10 @@ def _per_read_s(read, text: str) -> tuple[float, int]:
     repeats = 1
     while (spent := _batch_cpu_s(read, text, repeats)) < MIN_BATCH_S and repeats < 1 << 16:
         repeats *= 2
-    return min([spent, *(_batch_cpu_s(read, text, repeats) for _ in range(TRIES - 1))]) / repeats, repeats
+    best = min([spent, *(_batch_cpu_s(read, text, repeats) for _ in range(TRIES - 1))])
+    # A coarse CPU clock (some kernels and sandboxes count it in ticks) can read a batch as 0 s: the batch that ended
+    # the doubling took MIN_BATCH_S, so a read costs no less than about half that per repeat.
+    return max(best, MIN_BATCH_S / 2) / repeats, repeats
 
 
 def _within(read, text: str, repeats: int, bound_s: float) -> float | None:
