@@ -48,8 +48,8 @@ def test_a_server_that_dies_during_the_evaluation_is_named_when_it_ends(tmp_path
             time.sleep(3)
 
 
-def test_endpoint_serve_runs_the_evaluation_against_the_model_it_serves(tmp_path, monkeypatch, capsys):
-    checkpoint = tmp_path / "best" / "huggingface"
+def test_endpoint_serve_runs_the_evaluation_against_the_model_it_serves(tmp_path, monkeypatch, capsys, tiny_dir):
+    checkpoint = tmp_path / "best" / "huggingface"  # no weights: the stub serves it; its tokenizer is the tiny model's
     checkpoint.mkdir(parents=True)
     served_argv = []
 
@@ -60,6 +60,7 @@ def test_endpoint_serve_runs_the_evaluation_against_the_model_it_serves(tmp_path
     monkeypatch.setattr(serve, "vllm_argv", stub_instead_of_vllm)
     out = tmp_path / "out"
     argv = ["endpoint", "--serve", str(checkpoint), "--model", AGENT_MODEL, "--tool-call-parser", "pythonic"]
+    argv += ["--tokenizer", str(tiny_dir)]
     assert main([*argv, "--ids", "multi_turn_base_0", "--out", str(out), "--no-progress", "--no-bfcl"]) == 0
     assert served_argv == [(str(checkpoint), AGENT_MODEL, "pythonic", serve.DEFAULT_MAX_MODEL_LEN)]
     record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
