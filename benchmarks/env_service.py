@@ -236,9 +236,15 @@ def hostile_neighbour(task_ids: list[str], innocent_threads: int = 4) -> dict:
         "--evaluate-budget-s",
         str(2 * HOSTILE_BUDGET_S),
     )
-    stop, hostile_steps, latencies, valid = threading.Event(), [], [], []
+    stop, hostile_steps, latencies, valid, failures = threading.Event(), [], [], [], []
 
     def hostile(url: str) -> None:
+        try:
+            hostile_episodes(url)
+        except Exception as error:  # noqa: BLE001 - reported by the main thread, which would wait for it forever
+            failures.append(error)
+
+    def hostile_episodes(url: str) -> None:
         with EnvClient(url, retries=0, timeout_s=120, run_id="hostile") as client:
             while not stop.is_set():
                 iid = client.create("multi_turn_base_0", "validate")["instance_id"]
@@ -266,8 +272,10 @@ def hostile_neighbour(task_ids: list[str], innocent_threads: int = 4) -> dict:
     with ServiceProcess(*flags) as service:
         attacker = threading.Thread(target=hostile, args=(service.url,))
         attacker.start()
-        while not hostile_steps:
+        while not hostile_steps and attacker.is_alive():  # its first budget-busting message is answered
             time.sleep(0.05)
+        if failures:
+            raise RuntimeError("the hostile client failed before its first message") from failures[0]
         with ThreadPoolExecutor(innocent_threads) as pool:
             list(pool.map(lambda k: innocent(service.url, ids[k::innocent_threads]), range(innocent_threads)))
         stop.set()
@@ -888,9 +896,20 @@ PASSING_TASK = "multi_turn_base_2"
 WEB_TASK = "web_search_base_0"
 OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an OOD episode with a scratch folder
 
+
+def _no_attack(client, stop) -> None:
+    """Nothing: the innocent client alone, on the same service and machine as the attacks (their baseline)."""
+    stop.wait()
+
+
+#: The class that measures the innocent client alone: every other class's p99 is also given over its p99, and the
+#: smoke test bounds what an attack adds to it (the innocent's own step time, which a loaded machine stretches, cancels).
+ALONE = "no attack (the innocent alone)"
+
 #: Attack class -> a client that keeps it up until told to stop, and may return figures of its own (issue "round 2":
-#: nothing one client does costs another anything). Run on one service with a (fake) search key.
+#: nothing one client does costs another anything). Run on one service with a (fake) search key, after ``ALONE``.
 ATTACKS = {
+    ALONE: _no_attack,
     "deeply nested names": _deep_names,
     "parse-error floods": _parse_floods,
     "refused-call floods": _refused_call_floods,
@@ -1007,6 +1026,8 @@ def innocent_under_attacks(
 
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
     attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)
+    if attacks:  # the baseline first, on the same service
+        attacks = {ALONE: ATTACKS[ALONE], **attacks}
     if quick:
         flags += ("--evaluations-kept-per-client", str(QUICK_KEPT_PER_CLIENT))
         attacks = {
@@ -1020,9 +1041,10 @@ def innocent_under_attacks(
     figures, stopped = {}, {}
     if attacks:
         with ServiceProcess(*flags, env=fake_key) as service:
-            figures = {name: _innocent_during(service, attack, ids, min_s) for name, attack in attacks.items()}
+            figures = _each_class(service, attacks, ids, min_s)
             if only is None:
                 stopped["stopped_worker"] = stopped_worker(service, ids, worker_kills)
+                progress("a stopped worker")
     if worker_attacks:
         # No grace, and room for the find to run into its time budget rather than its memory budget: each such
         # message leaves its worker past the deadline, so the worker is killed (and its innocent episodes rebuilt).
@@ -1035,22 +1057,68 @@ def innocent_under_attacks(
             str(CPU_BUDGET_S),
         )
         with ServiceProcess(*flags, *worker_flags) as service:
-            figures.update(
-                {name: _innocent_during(service, attack, ids, min_s) for name, attack in worker_attacks.items()}
-            )
+            figures.update(_each_class(service, worker_attacks, ids, min_s))
+    alone = figures.get(ALONE, {}).get("p99_s")
+    for figure in [*figures.values(), *stopped.values()]:
+        figure["p99_over_alone"] = figure["p99_s"] / alone if alone else None
     return {"classes": figures, **stopped}
+
+
+def _each_class(service: ServiceProcess, attacks: dict, ids: list[str], min_s: float) -> dict:
+    figures = {}
+    for name, attack in attacks.items():
+        figures[name] = _innocent_during(service, attack, ids, min_s)
+        progress(f"attack class: {name}")
+    return figures
 
 
 def _chosen(classes: dict, only: str | None) -> dict:
     return {name: attack for name, attack in classes.items() if only in (None, name)}
 
 
-def _placed_on(service: ServiceProcess, create) -> tuple[str, int]:
-    """``create()``'s instance id and the index of the worker it landed on (the one whose episode count grew)."""
-    before = [w["episodes"] for w in service.workers()]
-    iid = create()
-    after = [w["episodes"] for w in service.workers()]
-    return iid, next(i for i, (b, a) in enumerate(zip(before, after)) if a > b)
+#: Creates ``_placed_on`` and ``_beside`` may make before they give up: each is retried only on a condition that
+#: passes by itself (another client's episode count changing at the same moment; a worker calming down).
+PLACEMENT_TRIES = 64
+
+
+def _placed_on(service: ServiceProcess, create, release) -> tuple[str, int]:
+    """``create()``'s instance id and the index of the worker it landed on: the one whose episode count grew by one
+    while no other count changed. Episodes of other clients may come and go meanwhile (an attack's leftovers released
+    late, the idle reclaim), which a before/after count cannot tell apart from ours: such a create is released and
+    made again, never guessed (taking the first count that grew named the wrong worker, or none: StopIteration)."""
+    for _ in range(PLACEMENT_TRIES):
+        before = [w["episodes"] for w in service.workers()]
+        iid = create()
+        after = [w["episodes"] for w in service.workers()]
+        changed = [i for i, (b, a) in enumerate(zip(before, after)) if a != b]
+        if len(changed) == 1 and after[changed[0]] == before[changed[0]] + 1:
+            return iid, changed[0]
+        release(iid)
+    raise RuntimeError(f"no create of {PLACEMENT_TRIES} could be told apart from other clients' episodes")
+
+
+def _beside(service: ServiceProcess, create, release, worker: int) -> tuple[str, int]:
+    """An episode on another worker than ``worker``: ``(instance id, its worker)``.
+
+    The service places a new episode on the calm worker (busy less than half of its last ``BUSY_WINDOW_S``) with the
+    fewest episodes, so right after an attack that kept the other worker busy, or left episodes on it, every create
+    may land on ``worker`` (before, 20 tries that each released their episode ended with the released one stepped:
+    404 on a loaded machine). The episodes that land on ``worker`` are kept until one lands elsewhere, so its count
+    grows past the other's, and each retry waits a tenth of the window, within which a worker left idle calms."""
+    from env_service.workers.pool import BUSY_WINDOW_S
+
+    kept = []
+    try:
+        for _ in range(PLACEMENT_TRIES):
+            iid, placed = _placed_on(service, create, release)
+            if placed != worker:
+                return iid, placed
+            kept.append(iid)
+            time.sleep(BUSY_WINDOW_S / 10)
+        raise RuntimeError(f"{PLACEMENT_TRIES} creates in a row landed on worker {worker}")
+    finally:
+        for iid in kept:
+            release(iid)
 
 
 def _replaced(service: ServiceProcess, worker: int, restarts: int) -> None:
@@ -1069,30 +1137,38 @@ def _scratch_counts(service: ServiceProcess) -> tuple[int, int]:
     return len(workers), sum(len(os.listdir(w)) for w in workers)
 
 
+def _seconds_to_503(service: ServiceProcess, give_up_s: float = 30.0) -> float:
+    """Seconds from now until a ``/health`` asked then answers 503 (``give_up_s`` if none does): the time the poll
+    that got it was sent, so a slow answer on a loaded machine does not count as the service's delay."""
+    import requests
+
+    started = time.monotonic()
+    while (asked := time.monotonic()) - started < give_up_s:
+        if requests.get(service.url + "/health", timeout=30).status_code == 503:
+            return asked - started
+        time.sleep(0.05)
+    return give_up_s
+
+
 def stopped_worker(service: ServiceProcess, ids: list[str], kills: int) -> dict:
     """SIGSTOP the worker of one innocent episode: how long /health takes to say 503, and an innocent episode on
     the other worker meanwhile (GT replay, step p99); then SIGKILL it (its episode is rebuilt), and ``kills``
     more kills of a worker holding an OOD episode: how many scratch folders are left."""
     import signal
 
-    import requests
-
     task_id = ids[0]
     messages = replay.ground_truth_messages(tasks.load_task(task_id))
     with EnvClient(service.url, retries=0, timeout_s=120, run_id="innocent") as client:
-        victim, victim_worker = _placed_on(service, lambda: client.create(task_id, "validate")["instance_id"])
-        for _ in range(20):  # placement may put the next one beside it: retry, bounded
-            other, other_worker = _placed_on(service, lambda: client.create(task_id, "validate")["instance_id"])
-            if other_worker != victim_worker:
-                break
-            client.release(other)
+
+        def create(task: str = task_id) -> str:
+            return client.create(task, "validate")["instance_id"]
+
+        victim, victim_worker = _placed_on(service, create, client.release)
+        other, _ = _beside(service, create, client.release, victim_worker)
         row = service.workers()[victim_worker]
         pid = row["pid"]
         os.kill(pid, signal.SIGSTOP)
-        started = time.monotonic()
-        while requests.get(service.url + "/health", timeout=30).status_code == 200 and time.monotonic() - started < 30:
-            time.sleep(0.05)
-        detected_s = time.monotonic() - started
+        detected_s = _seconds_to_503(service)
         latencies, valid = [], 0
         for message in messages:
             step_started = time.perf_counter()
@@ -1108,7 +1184,7 @@ def stopped_worker(service: ServiceProcess, ids: list[str], kills: int) -> dict:
         except Exception:  # noqa: BLE001 - counted below: lost
             pass
         for _ in range(kills):
-            ood, worker = _placed_on(service, lambda: client.create(OOD_TASK, "validate")["instance_id"])
+            ood, worker = _placed_on(service, lambda: create(OOD_TASK), client.release)
             row = service.workers()[worker]
             os.kill(row["pid"], signal.SIGKILL)
             _replaced(service, worker, row["restarts"])
@@ -1157,6 +1233,14 @@ def memory_run(task_ids: list[str], first: int, total: int, concurrency: int) ->
 # ---------------------------------------------------------------------------------------------
 
 
+_STARTED = time.monotonic()
+
+
+def progress(what: str) -> None:
+    """One line on stderr per phase done, with the seconds since the start: a run that takes long shows where."""
+    print(f"[env_service benchmark +{time.monotonic() - _STARTED:.0f} s] {what}", file=sys.stderr, flush=True)
+
+
 def run(quick: bool, only: str | None = None) -> dict:
     task_ids = tasks.task_ids("heldout")
     if quick:
@@ -1172,15 +1256,20 @@ def run(quick: bool, only: str | None = None) -> dict:
     InProcessEnvClient().health()
     replay.replay_split(InProcessEnvClient(), task_ids[:8])  # warm-up: imports, task cache, method tables
     figures = {"tasks": len(task_ids), "in_process": timed_replay(InProcessEnvClient(), task_ids, 1)}
+    progress("in-process replay")
     with ServiceProcess() as service:
         for concurrency in (1, 32):
             with EnvClient(service.url, pool_size=concurrency) as client:
                 figures[f"http_c{concurrency}"] = timed_replay(client, task_ids, concurrency)
+    progress("HTTP replays")
     figures.update(workers_scaling(task_ids))
+    progress("--workers 1 and 2")
     figures["bare_checker"] = bare_checker(task_ids)
     figures["hostile"] = hostile_neighbour(task_ids[::10] if quick else task_ids[::4])
+    progress("bare checker, hostile neighbour")
     figures["attacks"] = innocent_under_attacks(attack_ids, attack_s, worker_kills, quick=quick)
     figures["memory"] = memory_run(task_ids, mem_first, mem_total, concurrency=32)
+    progress("memory run")
     inproc, http32 = figures["in_process"]["eps"], figures["http_c32"]["eps"]
     figures["ratios"] = {
         "http32_over_in_process": http32 / inproc,
@@ -1247,7 +1336,8 @@ def attacks_report(attacks: dict) -> str:
     """The innocent client's figures per attack class (and with a stopped worker, when measured)."""
     lines = [
         "innocent client per attack class (GT replays, 4 episodes live at a time, while the class runs; message "
-        f"budget {HOSTILE_BUDGET_S:g} s, target p99 <= {LATENCY_TARGET:g}x, none lost):",
+        f"budget {HOSTILE_BUDGET_S:g} s, target p99 <= {LATENCY_TARGET:g}x the budget, none lost; in brackets the p99 "
+        "over the innocent's alone):",
         *(_attack_line(name, a) for name, a in attacks["classes"].items()),
     ]
     if "stopped_worker" in attacks:
@@ -1255,10 +1345,15 @@ def attacks_report(attacks: dict) -> str:
     return "\n".join(lines)
 
 
+def _over_alone(a: dict) -> str:
+    ratio = a.get("p99_over_alone")
+    return f" ({ratio:.1f}x alone)" if ratio is not None else ""
+
+
 def _attack_line(name: str, a: dict) -> str:
     extra = "".join(f", {key} {value}" for key, value in a["attack_figures"].items())
     return (
-        f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x, valid "
+        f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x{_over_alone(a)}, valid "
         f"{a['innocent_valid']}/{a['innocent_episodes']}, lost {a['innocent_lost']}, service+workers RSS "
         f"{a['rss_growth_mib']:+.0f} MiB (service {a['main_rss_growth_mib']:+.0f} MiB){extra}: {'MET' if a['ok'] else 'MISSED'}"
         + (f" (attack ended by {a['attack_stopped_by']})" if a["attack_stopped_by"] else "")
@@ -1269,7 +1364,7 @@ def _attack_line(name: str, a: dict) -> str:
 def _stopped_worker_line(s: dict) -> str:
     return (
         f"  {'a stopped (SIGSTOP) worker':<36} /health 503 after {s['health_503_after_s']:.2f} s; innocent episode "
-        f"on the other worker p99 {s['p99_s']:.2f} s = {s['p99_over_budget']:.2f}x; valid "
+        f"on the other worker p99 {s['p99_s']:.2f} s = {s['p99_over_budget']:.2f}x{_over_alone(s)}; valid "
         f"{s['innocent_valid']}/{s['innocent_episodes']} (the stopped worker's own episode rebuilt after its kill), "
         f"lost {s['innocent_lost']}; after {s['worker_kills']} worker kills (OOD episodes on them) scratch folders "
         f"left: {s['scratch_episode_folders']} episode, {s['scratch_worker_folders']} worker: "

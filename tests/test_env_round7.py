@@ -10,6 +10,7 @@ import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 from processes import repo_script, wait_for
 
@@ -30,11 +31,22 @@ def _health(service) -> dict:
     return requests.get(service.url + "/health", timeout=30).json()
 
 
+EPISODE_CAP = 16
+WRITE_TIMEOUT_S = 3  # --write-timeout-s for the tests (default 30): the same sweep, ten times sooner
+
+
+@pytest.fixture(scope="module")
+def service():
+    """One served process for the module (a start loads the task table in every worker: seconds)."""
+    flags = ("--workers", "1", "--max-episodes-per-owner", str(EPISODE_CAP), "--write-timeout-s", str(WRITE_TIMEOUT_S))
+    with BENCH.ServiceProcess(*flags) as served:
+        yield served
+
+
 # ---------------------------------------------------------------------------------------------
 # A client gone in the middle of create
 # ---------------------------------------------------------------------------------------------
 
-EPISODE_CAP = 16
 GONE_CREATES = 64
 
 
@@ -52,16 +64,90 @@ def _create_and_leave(port: int, k: int) -> None:
     sock.close()
 
 
-def test_creates_whose_client_leaves_before_reading_the_answer_leave_no_episode_and_free_every_slot():
+def test_creates_whose_client_leaves_before_reading_the_answer_leave_no_episode_and_free_every_slot(service):
     """Before: an episode whose answer had been written when its client left lived on, for no one, until the idle
     reclaim (600 s) and held one of its client's slots (the red team's client got 3 of its 16)."""
-    flags = ("--workers", "1", "--max-episodes-per-owner", str(EPISODE_CAP))
-    with BENCH.ServiceProcess(*flags) as service:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda k: _create_and_leave(service.port, k), range(GONE_CREATES)))
-        health = wait_for(lambda: (h := _health(service))["live"] == 0 and h, 10, "episodes made for no one live on")
-        assert health["abandoned"] > 0, health  # made, and released when their answers were not taken
-        with EnvClient(service.url, retries=0, timeout_s=60) as client:  # the client gets every one of its slots
-            made = [client.create(TASK, "validate")["instance_id"] for _ in range(EPISODE_CAP)]
-            for iid in made:
-                client.release(iid)
+    abandoned_before = _health(service)["abandoned"]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: _create_and_leave(service.port, k), range(GONE_CREATES)))
+    health = wait_for(lambda: (h := _health(service))["live"] == 0 and h, 10, "episodes made for no one live on")
+    assert health["abandoned"] > abandoned_before, health  # made, and released when their answers were not taken
+    with EnvClient(service.url, retries=0, timeout_s=60) as client:  # the client gets every one of its slots
+        made = [client.create(TASK, "validate")["instance_id"] for _ in range(EPISODE_CAP)]
+        for iid in made:
+            client.release(iid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Answers never read
+# ---------------------------------------------------------------------------------------------
+
+UNREAD_ANSWERS = 160
+ANSWER_BUDGET_MIB = 64  # --max-answer-bytes-in-flight's default
+#: What the service's RSS may grow by beyond the budget: what serving 160 answers costs whether or not they are read
+#: (the allocator's high water of rendering them).
+RSS_SLACK_MIB = 32
+#: A memory of many short entries (~0.9 MB of JSON): a prerequisite evaluated with it keeps its verdict for retries, so
+#: each retried evaluate is a cheap request with a ~1 MiB answer.
+MEMORY = {"core_memory": {}, "archival_memory": {f"k{i}": f"note {i}" for i in range(40_000)}}
+MEMORY_PREREQ = "memory_kv_prereq_33-notetaker-1"
+
+
+def _big_answer_requests(service) -> list[bytes]:
+    """Requests of two kinds each answered with ~1 MiB: ``GET /profile`` of a big profile, and a retried ``evaluate``
+    of a released memory prerequisite (its kept verdict carries the memory)."""
+    with EnvClient(service.url, retries=0, timeout_s=120) as client:
+        client.set_profile({"notes": "x" * (900 * 1024)})
+        iid = client.create(MEMORY_PREREQ, "validate", memory_snapshot=MEMORY)["instance_id"]
+        assert len(json.dumps(client.evaluate(iid, release=True))) > 900_000
+    return [b"GET /profile HTTP/1.1\r\nHost: x\r\n\r\n", _raw_post("/evaluate", {"instance_id": iid, "release": True})]
+
+
+def _never_reading(port: int, request: bytes, k: int) -> socket.socket:
+    """A connection that asks ``request`` and never reads its answer: it keeps it open; or, once the answer began
+    to arrive, closes its side (FIN); or asks the service to close it after the answer (``Connection: close``)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # what it does not take stays with the service
+    sock.connect(("127.0.0.1", port))
+    if k % 3 == 2:
+        request = request.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n", 1)
+    sock.sendall(request)
+    if k % 3 == 1:
+        poll = select.poll()
+        poll.register(sock, select.POLLIN)
+        poll.poll(30_000)
+        sock.shutdown(socket.SHUT_WR)
+    return sock
+
+
+def _service_side(port: int) -> tuple[int, int]:
+    """(the service's TCP sockets of ``port`` that are not listening or gone, bytes in their send queues): read from
+    ``/proc/net/tcp``, so orphans (closed by the service, its answer still queued in the kernel) count too."""
+    sockets = queued = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] not in ("0A", "06", "07"):  # LISTEN, TIME_WAIT, CLOSE
+            sockets += 1
+            queued += int(fields[4].split(":")[0], 16)
+    return sockets, queued
+
+
+def test_answers_never_read_stay_within_their_budget_and_their_connections_close_after_the_write_timeout(service):
+    """Before: connections whose client closed its side after the answer began, or that asked for ``Connection:
+    close``, were out of both limits (a closing connection counted as holding nothing): 160 of them held ~120 MiB of
+    send queues, every one still there 35 s later."""
+    asks = _big_answer_requests(service)
+    time.sleep(1.0)  # what the set-up's own answers left is settled
+    rss_before, (sockets_before, _) = service.rss_mib(workers=False), _service_side(service.port)
+    socks = [_never_reading(service.port, asks[k % 2], k) for k in range(UNREAD_ANSWERS)]
+    peak = 0.0
+    last_sent = time.monotonic()
+    while time.monotonic() < last_sent + WRITE_TIMEOUT_S + 4:  # the timeout, and sweeps (each within a second)
+        sockets, queued = _service_side(service.port)
+        peak = max(peak, queued / 2**20 + service.rss_mib(workers=False) - rss_before)
+        time.sleep(0.1)
+    assert peak <= ANSWER_BUDGET_MIB + RSS_SLACK_MIB, f"answers held {peak:.0f} MiB"
+    assert sockets <= sockets_before, f"{sockets - sockets_before} connections past the write timeout"
+    for sock in socks:
+        sock.close()
+    assert _health(service)["status"] == "ok"

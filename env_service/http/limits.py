@@ -336,7 +336,8 @@ class AnswersInFlight:
         held = connection.held_answer_bytes()
         entry = self._held.get(connection)
         if not held:
-            return self.forget(connection)
+            self.forget(connection)
+            return connection.answers_taken()
         if entry is None:
             self._held[connection] = entry = [0, self._clock() if since is None else since, False]
         else:  # stalled: its client took nothing since it was last measured
@@ -374,6 +375,39 @@ class AnswersInFlight:
             else:
                 self.note(connection)
         self._arm(loop)
+
+
+#: Answer bytes held above which an orderly close waits for them to be taken (``LingeringTransport``). An error answer
+#: or ``/health`` (a few KB, answered and closed by the thousand under header abuse) is closed at once: what the
+#: kernel then delivers of it is small, and a close that lingered would keep the connection, and its slot, a sweep long.
+LINGER_AT_BYTES = 16 * 1024
+
+
+class LingeringTransport:
+    """A connection's transport whose orderly close waits for its client to take the answers it holds.
+
+    uvicorn closes a connection in order after answering a request that asked for it (``Connection: close``,
+    HTTP/1.0): the socket is closed once the service's write buffer has gone into it, and what its send queue holds then
+    goes on in the kernel (an orphan, up to its send buffer, retried for minutes), where ``AnswersInFlight`` no longer
+    sees it. So a close with answer bytes held only marks the connection closing (``defer``: reading stops, it stays
+    measured) and it is closed once they are taken, or dropped by the write timeout or for room. Everything else is
+    the transport's own."""
+
+    def __init__(self, transport, defer) -> None:
+        self.raw = transport
+        self._defer = defer  # called once, at the first close: closes now, or lingers
+        self._closing = False
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+    def is_closing(self) -> bool:
+        return self._closing or self.raw.is_closing()
+
+    def close(self) -> None:
+        if not self.is_closing():
+            self._closing = True
+            self._defer()
 
 
 def guarded_protocol(limits: HttpLimits, deliveries: Deliveries | None = None):
@@ -415,6 +449,7 @@ def guarded_protocol(limits: HttpLimits, deliveries: Deliveries | None = None):
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self.transport = LingeringTransport(transport, self._close_when_taken)  # uvicorn closes through it
             self.flow = HoldingFlowControl(transport, lambda: bool(self._held_back))
             self._in_headers, self._header_bytes, self._header_count = True, 0, 0
             self._refusal: tuple[int, str, str] | None = None
@@ -456,12 +491,17 @@ def guarded_protocol(limits: HttpLimits, deliveries: Deliveries | None = None):
 
         def eof_received(self):
             """Its client closed its side: it took the answer if every byte of it had arrived (a close with bytes
-            unread is a reset, not this), else it left without it."""
+            unread is a reset, not this), else it left without it. One with answer bytes still held is dropped at once:
+            a close would wait for the flush for good, its connection out of every budget (160 such held ~110 MiB of
+            send queues, all open 35 s later)."""
+            held = self.held_answer_bytes()
             if self.delivery:
-                if self._answered() and not self.held_answer_bytes():
+                if self._answered() and not held:
                     self.delivery.taken()
                 else:
                     self.delivery.not_taken("its client closed the connection before it had taken the answer")
+            if held:
+                return self.drop("its client closed its side of the connection without taking its answers")
             return super().eof_received()
 
         def _answered(self) -> bool:
@@ -509,9 +549,27 @@ def guarded_protocol(limits: HttpLimits, deliveries: Deliveries | None = None):
 
         def held_answer_bytes(self) -> int:
             """Answer bytes this connection holds that its client has not taken: its write buffer and send queue."""
-            if self.transport.is_closing():
+            raw = self.transport.raw  # a lingering close still holds them
+            if raw.is_closing():
                 return 0
-            return self.transport.get_write_buffer_size() + unsent_bytes(self.transport.get_extra_info("socket"))
+            return raw.get_write_buffer_size() + unsent_bytes(raw.get_extra_info("socket"))
+
+        def _close_when_taken(self) -> None:
+            """An orderly close (``LingeringTransport``): now, or once the answers it holds are taken."""
+            if self.held_answer_bytes() <= LINGER_AT_BYTES:
+                return self.transport.raw.close()
+            self.flow.pause_reading()  # it takes no more requests
+            answers_in_flight.note(self)  # measured from now: closed once taken, dropped past the write timeout
+
+        def answers_taken(self) -> None:
+            """``AnswersInFlight``: its client took all it held; a close that waited for that happens now."""
+            if self.transport.is_closing() and not self.transport.raw.is_closing():
+                self.transport.raw.close()
+
+        def shutdown(self) -> None:
+            if self.held_answer_bytes():  # the service stops: it waits for no client
+                return self.drop("the service is stopping")
+            super().shutdown()
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -713,6 +771,7 @@ __all__ = [
     "AnswersInFlight",
     "BytesInFlight",
     "HttpLimits",
+    "LingeringTransport",
     "OpenConnections",
     "guarded_protocol",
     "peer_key",
