@@ -548,6 +548,7 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
     elif step.kind == "ood":
         at = argv.index("--serve")
         argv[at : at + 2] = ["--endpoint", stub_url]  # the stub endpoint stands in for vLLM serving the checkpoint
+        argv += ["--tokenizer", tiny_model(step.recipe)[1]]  # the checkpoint's tokenizer: its tiny model's
         at = argv.index("--tool-call-parser")
         del argv[at : at + 2]
         argv[argv.index("--model") + 1] = stub_endpoint.AGENT_MODEL
@@ -562,7 +563,7 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
 
 #: What a rehearsal may change on a command line besides the swap's Hydra keys, by kind of command: a base model
 #: becomes the untrained tiny model and the 400 held-out tasks the swap's (eval); the stub endpoint, already up,
-#: stands in for the served checkpoint (no --serve, no vLLM tool-call parser) and plays tau2's user, on the
+#: stands in for the served checkpoint (no --serve, no vLLM tool-call parser; the checkpoint's tokenizer named) and plays tau2's user, on the
 #: categories that run offline, one task each (ood); the tables read the swap's validation file (tables).
 COMMAND_SWAPS = {
     "train": (),
@@ -571,6 +572,7 @@ COMMAND_SWAPS = {
         "--serve",
         "--tool-call-parser",
         "--endpoint",
+        "--tokenizer",
         "--model",
         "--user-endpoint",
         "--user-model",
