@@ -56,16 +56,11 @@ def compose(conf: str, requests: int, max_tokens: int):
 
 def start_ray(config) -> None:
     import ray
-    from omegaconf import OmegaConf
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     from seal import launch
 
-    runtime_env = OmegaConf.to_container(
-        OmegaConf.merge(get_ppo_ray_runtime_env(config), config.ray_kwargs.ray_init.runtime_env), resolve=True
-    )
-    runtime_env.setdefault("env_vars", {}).update(launch.run_environment(config))
-    launch.set_run_environment(config)  # this process too (the CPU platform), as the launcher's
+    launch.set_run_environment(config)  # this process and the runtime env (the CPU platform), as the launcher's
+    runtime_env = launch.verl_runtime_env(config)
     # a CPU recipe's logical "GPU" (verl's resource pools count only GPUs: seal/cpu/platform.py); a GPU's, Ray's own
     gpus = {"num_gpus": 1} if config.trainer.device == "cpu" else {}
     ray.init(num_cpus=4, **gpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)

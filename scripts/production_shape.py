@@ -382,12 +382,10 @@ def _start_ray(config, probe: Path, node: Node | None) -> None:
     """A local Ray cluster with the run's runtime env (as verl's run_ppo starts one), plus the probe in every verl
     process."""
     import ray
-    from omegaconf import OmegaConf
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    runtime_env = OmegaConf.to_container(
-        OmegaConf.merge(get_ppo_ray_runtime_env(config), config.ray_kwargs.ray_init.runtime_env), resolve=True
-    )
+    from seal.launch import verl_runtime_env
+
+    runtime_env = verl_runtime_env(config)
     env = runtime_env.setdefault("env_vars", {})
     env[PROBE_DIR] = str(probe)
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(
@@ -518,15 +516,14 @@ class TrainerSide:
         metrics["trainer_side_s"] = time.perf_counter() - start
         metrics["trained_tokens"] = int(batch.batch["response_mask"].sum())
         metrics["nonzero_advantage_share"] = float((advantages != 0).float().mean()) if len(advantages) else 0.0
-        metrics["finite"] = bool(torch.isfinite(batch.batch["advantages"]).all())
+        if not torch.isfinite(batch.batch["advantages"]).all():
+            raise RuntimeError(f"step {step}: a non-finite advantage after the SEAL step")
         self._print(step, metrics)
         return metrics
 
     def _print(self, step: int, m: dict) -> None:
         from seal.diagnostics import METRIC_STATE
 
-        if not m["finite"]:
-            raise RuntimeError(f"step {step}: a non-finite advantage after the SEAL step")
         balance = m.get("global_seqlen/max", 0) / max(m.get("global_seqlen/min", 0), 1)
         scales = "/".join(f"{m.get(f'{self.trainer.apatch_cfg.metric_prefix}/scale/{q}', 1.0):.2f}" for q in QUANTILES)
         print(

@@ -181,7 +181,6 @@ class BfclAgentLoop(AgentLoopBase):
         # the node's service is looked up in the episode (``_service``), off the event loop: on several nodes that
         # asks a Ray actor, and a missing service must fail the episode with its kind, not this loop's worker
         self.env = None
-        self.keep_alive_s = 0.0  # how often a waiting episode is touched: from its create's answer
         self.control_text = control_text_of(self.tokenizer)
         self.eos_id = end_of_turn_id(self.tokenizer, seal_cfg.rollout.end_of_turn_token)
         # ``python -m seal.eval``: one record per episode in this results file (off in training)
@@ -217,11 +216,10 @@ class BfclAgentLoop(AgentLoopBase):
         env = await self._service()
         created = await self._env_call(env.create, task_id, mode, self.env_params)
         instance_id = created["instance_id"]
-        self.keep_alive_s = keep_alive_interval(created["info"])
         try:
             traj = await self._start(created["messages"])
             traj.seed = seed
-            await self._interact(traj, instance_id, sampling_params, metrics)
+            await self._interact(traj, instance_id, keep_alive_interval(created["info"]), sampling_params, metrics)
             evaluation = await self._env_call(self.env.evaluate, instance_id, self.reward_params, True)
         except BaseException:
             await self._release_quietly(instance_id)  # evaluate releases on success; a failure must too
@@ -239,7 +237,9 @@ class BfclAgentLoop(AgentLoopBase):
             )
         return Trajectory(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), messages=list(messages))
 
-    async def _interact(self, traj: Trajectory, instance_id: str, sampling_params: dict, metrics: dict) -> None:
+    async def _interact(
+        self, traj: Trajectory, instance_id: str, keep_alive_s: float, sampling_params: dict, metrics: dict
+    ) -> None:
         context_budget = self.max_model_len - self.response_length
         while True:
             if traj.model_calls >= self.max_model_calls:
@@ -248,7 +248,7 @@ class BfclAgentLoop(AgentLoopBase):
             if len(traj.token_ids) >= context_budget:
                 traj.termination = "context_budget"
                 return
-            text = await self._while_touching(instance_id, self._generate(traj, sampling_params, metrics))
+            text = await self._while_touching(instance_id, keep_alive_s, self._generate(traj, sampling_params, metrics))
             with _timer(metrics, "tool_calls"):
                 step = await self._env_call(self.env.step, instance_id, text)
             reply = usable_reply(step)  # ipython mode: one message per tool result
@@ -295,12 +295,12 @@ class BfclAgentLoop(AgentLoopBase):
         traj.messages.append({"role": "assistant", "content": text})
         return text
 
-    async def _while_touching(self, instance_id: str, generation):
+    async def _while_touching(self, instance_id: str, keep_alive_s: float, generation):
         """The generation's result, the episode touched every ``keep_alive_s`` meanwhile: a generation queued behind
         a step's other episodes can wait longer than the service's idle limit, and an episode reclaimed under it
         would be retried from its start (its turns so far generated again). The reclaim stays for clients that
         are gone: a dead trainer touches nothing."""
-        toucher = asyncio.create_task(self._touch_every(instance_id, self.keep_alive_s))
+        toucher = asyncio.create_task(self._touch_every(instance_id, keep_alive_s))
         try:
             return await generation
         finally:

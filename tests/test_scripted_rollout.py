@@ -108,3 +108,12 @@ def test_in_the_llama_format_a_tool_result_is_read_as_the_latest_message_not_the
 
     assert turn(asked).question == 0
     assert turn(answered).question is None and turn(answered).current == 0
+
+
+def test_a_misspelt_setting_of_the_scripted_backend_is_refused_naming_the_real_one():
+    from types import SimpleNamespace
+
+    rollout = SimpleNamespace(custom={"scripted": {"length_cutt": 0.5}})
+    with pytest.raises(ValueError, match=r"length_cutt \(did you mean length_cut\?\)"):
+        ScriptConfig.from_rollout_config(rollout)
+    assert ScriptConfig.from_rollout_config(SimpleNamespace(custom={"scripted": {"length_cut": 0.5}})).length_cut == 0.5

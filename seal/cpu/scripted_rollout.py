@@ -5,8 +5,9 @@ GPU recipe's concurrency on a machine that cannot generate that fast (``scripts/
 It plugs into verl's rollout registries as ``hf`` does (``seal/verl_plugins.py``: ``rollout.name=scripted``) and
 sits behind the same interface: token ids in, token ids out. What it answers is a function of the prompt alone (verl
 gives every turn a fresh request id, so nothing per episode can be kept): it finds the task by the episode's first
-user message, the turn by the last message of the environment (a user or tool-result message), and answers like a model that mostly knows the ground truth
-(``env_service/replay.py``'s messages), with set shares of realistic mistakes (``ScriptConfig``):
+user message, the turn by the environment's last message (a user or tool-result message), and answers like a model
+that mostly knows the ground truth (``env_service/replay.py``'s messages), with set shares of realistic mistakes
+(``ScriptConfig``):
 
 * at a turn's question: the turn's ground-truth calls, some with one wrong argument; or a malformed call; or no call
   at all (an early stop); a turn whose ground truth has no call gets the text that moves on;
@@ -22,6 +23,7 @@ follows a rollout (``hf`` or vLLM's weights) is the trainer's business, and weig
 
 from __future__ import annotations
 
+import difflib
 import random
 import zlib
 from dataclasses import dataclass, fields
@@ -61,9 +63,14 @@ class ScriptConfig:
     @classmethod
     def from_rollout_config(cls, rollout) -> ScriptConfig:
         custom = (getattr(rollout, "custom", None) or {}).get(ROLLOUT_NAME) or {}
-        unknown = set(custom) - {f.name for f in fields(cls)}
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(custom) - set(names))
         if unknown:
-            raise ValueError(f"rollout.custom.scripted: unknown keys {sorted(unknown)}")
+            hints = [
+                f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, names, 1)) else key
+                for key in unknown
+            ]
+            raise ValueError(f"rollout.custom.scripted: unknown keys {', '.join(hints)}; its keys: {', '.join(names)}")
         return cls(**custom)
 
 
@@ -131,9 +138,9 @@ class ScriptedServer(IdleServer):
     # ---- reading the prompt -----------------------------------------------------------------------
 
     def read(self, prompt_ids: list[int]) -> Turn:
-        """The episode's task (by its first user message) and turn (by the latest environment message with a question of
-        that task), decoding only those messages: the prompt is the whole context, up to tens of thousands of
-        tokens, and every turn of every episode comes here."""
+        """The episode's task (by its first user message) and turn (by the latest environment message with a
+        question of that task), decoding only those messages: the prompt is the whole context, up to tens of
+        thousands of tokens, and every turn of every episode comes here."""
         spans = self._spans(prompt_ids)
         users = [span for span in spans if self._role(prompt_ids, span) in ENVIRONMENT_ROLES]
         first = self._content(prompt_ids, users[0]) if users else ""

@@ -649,14 +649,21 @@ def connect_ray(config: DictConfig) -> None:
     env verl's ``run_ppo`` would give it (verl's defaults under the run's own), so that run_ppo, finding the process
     connected, uses this connection: what the launcher starts on the cluster belongs to the run's driver."""
     import ray
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     set_run_environment(config)
-    runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(config), config.ray_kwargs.ray_init.runtime_env)
     ray.init(
         address=config.ray_kwargs.ray_init.get("address") or "auto",  # a cluster started with `ray start`
-        runtime_env=OmegaConf.to_container(runtime_env, resolve=True),
+        runtime_env=verl_runtime_env(config),
     )
+
+
+def verl_runtime_env(config: DictConfig) -> dict:
+    """The runtime env verl's ``run_ppo`` gives the run's Ray processes: verl's defaults under the run's own
+    (``ray_kwargs.ray_init.runtime_env``, with ``set_run_environment``'s variables once it has run)."""
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    merged = OmegaConf.merge(get_ppo_ray_runtime_env(config), config.ray_kwargs.ray_init.runtime_env)
+    return OmegaConf.to_container(merged, resolve=True)
 
 
 @contextlib.contextmanager

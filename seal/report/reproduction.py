@@ -563,8 +563,9 @@ def rehearse_step(step: Step, stub_url: str, training_steps: int | None = None, 
 
 #: What a rehearsal may change on a command line besides the swap's Hydra keys, by kind of command: a base model
 #: becomes the untrained tiny model and the 400 held-out tasks the swap's (eval); the stub endpoint, already up,
-#: stands in for the served checkpoint (no --serve, no vLLM tool-call parser; the checkpoint's tokenizer named) and plays tau2's user, on the
-#: categories that run offline, one task each (ood); the tables read the swap's validation file (tables).
+#: stands in for the served checkpoint (no --serve, no vLLM tool-call parser; the checkpoint's tokenizer named) and
+#: plays tau2's user, on the categories that run offline, one task each (ood); the tables read the swap's validation
+#: file (tables).
 COMMAND_SWAPS = {
     "train": (),
     "eval": ("--model", "--ids", "--no-progress"),
