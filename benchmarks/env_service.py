@@ -370,6 +370,25 @@ def _busy_episodes(client, stop) -> dict:
     return {"attacker messages answered": f"{steps.count(200)}/{len(steps)}"}
 
 
+def _long_messages_in_bursts(client, stop) -> dict:
+    """One episode's messages that each run until a budget stops them (up to the 1-s message budget), in bursts: while its worker is calm between bursts it
+    is given innocent episodes, which the next burst finds there (the red team's case: 4-s messages, each under the
+    budget, took another client's step p99 from 9 ms to 3.4 s). Such an episode is moved to the calm worker after
+    ``--move-after-s`` behind a long message, instead of waiting it out."""
+    from env_service.workers.pool import BUSY_WINDOW_S
+
+    iid = client.create("multi_turn_base_0", "validate")["instance_id"]
+    for message in aliasing_messages():
+        client.step(iid, message)
+    moved_before, messages = client.health()["workers"]["episodes_moved"], 0
+    while not stop.wait(BUSY_WINDOW_S * 0.6):  # its worker calms down: new episodes land there again
+        for _ in range(3):
+            client.step(iid, _call("find", path="."))
+            messages += 1
+    client.release(iid)
+    return {"long messages": messages, "episodes moved": client.health()["workers"]["episodes_moved"] - moved_before}
+
+
 def _minted_run_ids(client, stop) -> None:
     import requests
 
@@ -916,6 +935,7 @@ ATTACKS = {
     "guessed and reused ids": _guessed_ids,
     "80 requests queued on one episode": _busy_queue,
     "16 episodes with budget-busting messages queued": _busy_episodes,
+    "one episode's long messages in bursts": _long_messages_in_bursts,
     "minted run ids": _minted_run_ids,
     "connection hoarding": _connection_hoard,
     "slow bodies from loopback addresses": _slow_bodies,
@@ -1004,6 +1024,7 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
     return {
         "p99_s": p99,
         "p99_over_budget": p99 / HOSTILE_BUDGET_S,
+        "max_s": max(latencies, default=float("inf")),  # the one step a rare long wait hits (a p99 may not see it)
         "innocent_valid": valid,
         "innocent_episodes": valid + len(lost),
         "innocent_lost": len(lost),
@@ -1017,14 +1038,21 @@ def _innocent_during(service: ServiceProcess, attack, ids: list[str], min_s: flo
 
 
 def innocent_under_attacks(
-    task_ids: list[str], min_s: float, worker_kills: int, only: str | None = None, quick: bool = False
+    task_ids: list[str],
+    min_s: float,
+    worker_kills: int,
+    only: str | None = None,
+    quick: bool = False,
+    service_flags: tuple[str, ...] = (),
 ) -> dict:
     """Per attack class: an innocent client's GT replays while the class runs (step p99 against the message
     budget, episodes lost or failed) and how much the service and its workers grew; then a stopped worker.
-    ``only``: that class alone (no stopped worker). ``quick``: the verdict flood scaled down with what a client keeps."""
+    ``only``: that class alone (no stopped worker). ``quick``: the verdict flood scaled down with what a client keeps.
+    ``service_flags``: more flags of the services the attacks run on."""
     from env_service.bfcl.ood_tasks import SERPAPI_KEY_ENV
 
     flags = ("--workers", "2", "--message-budget-s", str(HOSTILE_BUDGET_S), "--call-budget-s", str(HOSTILE_BUDGET_S))
+    flags += service_flags
     attacks, worker_attacks = _chosen(ATTACKS, only), _chosen(WORKER_ATTACKS, only)
     if attacks:  # the baseline first, on the same service
         attacks = {ALONE: ATTACKS[ALONE], **attacks}
@@ -1241,7 +1269,7 @@ def progress(what: str) -> None:
     print(f"[env_service benchmark +{time.monotonic() - _STARTED:.0f} s] {what}", file=sys.stderr, flush=True)
 
 
-def run(quick: bool, only: str | None = None) -> dict:
+def run(quick: bool, only: str | None = None, service_flags: tuple[str, ...] = ()) -> dict:
     task_ids = tasks.task_ids("heldout")
     if quick:
         task_ids = task_ids[::25]  # 16 tasks, all four categories
@@ -1250,7 +1278,7 @@ def run(quick: bool, only: str | None = None) -> dict:
     if only:  # one attack class alone
         return {
             "tasks": len(task_ids),
-            "attacks": innocent_under_attacks(attack_ids, attack_s, worker_kills, only, quick),
+            "attacks": innocent_under_attacks(attack_ids, attack_s, worker_kills, only, quick, service_flags),
         }
 
     InProcessEnvClient().health()
@@ -1267,7 +1295,9 @@ def run(quick: bool, only: str | None = None) -> dict:
     figures["bare_checker"] = bare_checker(task_ids)
     figures["hostile"] = hostile_neighbour(task_ids[::10] if quick else task_ids[::4])
     progress("bare checker, hostile neighbour")
-    figures["attacks"] = innocent_under_attacks(attack_ids, attack_s, worker_kills, quick=quick)
+    figures["attacks"] = innocent_under_attacks(
+        attack_ids, attack_s, worker_kills, quick=quick, service_flags=service_flags
+    )
     figures["memory"] = memory_run(task_ids, mem_first, mem_total, concurrency=32)
     progress("memory run")
     inproc, http32 = figures["in_process"]["eps"], figures["http_c32"]["eps"]
@@ -1353,7 +1383,8 @@ def _over_alone(a: dict) -> str:
 def _attack_line(name: str, a: dict) -> str:
     extra = "".join(f", {key} {value}" for key, value in a["attack_figures"].items())
     return (
-        f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x{_over_alone(a)}, valid "
+        f"  {name:<36} p99 {a['p99_s']:.2f} s = {a['p99_over_budget']:.2f}x{_over_alone(a)}, max {a['max_s']:.2f} s, "
+        f"valid "
         f"{a['innocent_valid']}/{a['innocent_episodes']}, lost {a['innocent_lost']}, service+workers RSS "
         f"{a['rss_growth_mib']:+.0f} MiB (service {a['main_rss_growth_mib']:+.0f} MiB){extra}: {'MET' if a['ok'] else 'MISSED'}"
         + (f" (attack ended by {a['attack_stopped_by']})" if a["attack_stopped_by"] else "")
@@ -1421,6 +1452,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only compare HTTP@32 throughput with another checkout (e.g. git worktree add /tmp/base REV), alternating",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternations of --side-by-side (3)")
+    parser.add_argument(
+        "--move-after-s",
+        type=float,
+        help="the attack services' --move-after-s (default: the service's; 0: episodes never move, as before round 7)",
+    )
     args = parser.parse_args(argv)
     if args.side_by_side:
         compared = side_by_side(args.side_by_side, args.rounds)
@@ -1429,7 +1465,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{compared['means']['other tree']:.1f} episodes/s; this / other {compared['ratio']:.3f}"
         )
         return 0
-    figures = run(args.quick, args.only)
+    service_flags = () if args.move_after_s is None else ("--move-after-s", str(args.move_after_s))
+    figures = run(args.quick, args.only, service_flags)
     print(attacks_report(figures["attacks"]) if args.only else report(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

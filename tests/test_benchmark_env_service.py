@@ -85,6 +85,7 @@ def test_benchmark_quick_runs(tmp_path):
         "header abuse before authentication",
         "memory verdicts kept for retries",
         "an episode's many cheap calls",
+        "one episode's long messages in bursts",
         "a stopped (SIGSTOP) worker",
         "RSS ratio",
     ):

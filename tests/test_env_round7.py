@@ -4,6 +4,7 @@ serve``, started by the env benchmark's ``ServiceProcess``) and real HTTP connec
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import struct
@@ -18,6 +19,7 @@ from env_service.client import EnvClient
 
 BENCH = repo_script("benchmarks/env_service.py")
 TASK = "multi_turn_base_2"
+OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an OOD episode with a scratch folder
 
 
 def _raw_post(path: str, body: dict) -> bytes:
@@ -151,3 +153,144 @@ def test_answers_never_read_stay_within_their_budget_and_their_connections_close
     for sock in socks:
         sock.close()
     assert _health(service)["status"] == "ok"
+
+
+# ---------------------------------------------------------------------------------------------
+# One episode's long message on a worker another client's episode shares
+# ---------------------------------------------------------------------------------------------
+
+LONG_MESSAGE_S = 4.0  # the served process's message (and call) budget: the attacker's find runs into it
+#: What an innocent step behind the long message may take: the wait before it moves (--move-after-s, 0.25 s) and its
+#: replay on the calm worker, with room for a loaded 2-core machine. Before, it waited out the message (~3.5 s).
+INNOCENT_STEP_S = 1.5
+
+
+@pytest.fixture
+def two_workers():
+    flags = ("--workers", "2", "--message-budget-s", str(LONG_MESSAGE_S), "--call-budget-s", str(LONG_MESSAGE_S))
+    flags += ("--call-memory-mib", "4096")  # the find runs into its time budget, not its memory budget
+    with BENCH.ServiceProcess(*flags) as served:
+        yield served
+
+
+def _worker_of(service, create, release, worker: int) -> str:
+    """An episode created until one lands on ``worker`` (the service places new ones on the calm worker with the
+    fewest episodes, so the second of two innocent episodes shares the attacker's); the others are released."""
+    others = []
+    try:
+        for _ in range(4):
+            iid, placed = BENCH._placed_on(service, create, release)
+            if placed == worker:
+                return iid
+            others.append(iid)
+        raise AssertionError(f"no create landed on worker {worker}")
+    finally:
+        for iid in others:
+            release(iid)
+
+
+def test_an_episode_behind_another_clients_long_message_moves_to_a_calm_worker_and_answers_as_before(two_workers):
+    """Before: an innocent step on the worker of an episode whose every message ran ~4 s (each under its budget)
+    waited out the message running when it arrived (the red team's p99: 9 ms alone, 3.4 s beside it). Now the waiting
+    episode is replayed on a calm worker and its step served there; the long message runs to its end unharmed."""
+    from env_service import replay
+    from env_service.bfcl import tasks
+
+    service = two_workers
+    messages = replay.ground_truth_messages(tasks.load_task(TASK))
+    with (
+        EnvClient(service.url, retries=0, timeout_s=120, run_id="attacker") as attacker,
+        EnvClient(service.url, retries=0, timeout_s=120, run_id="innocent") as innocent,
+    ):
+        hostile, heavy_worker = BENCH._placed_on(
+            service, lambda: attacker.create("multi_turn_base_0", "validate")["instance_id"], attacker.release
+        )
+        for message in BENCH.aliasing_messages():
+            attacker.step(hostile, message)
+        iid = _worker_of(
+            service, lambda: innocent.create(TASK, "validate")["instance_id"], innocent.release, heavy_worker
+        )
+        first = innocent.step(iid, messages[0])["message"]  # a reply from the episode where it was created
+        with ThreadPoolExecutor(1) as pool:
+            long_message = pool.submit(attacker.step, hostile, BENCH._call("find", path="."))
+            wait_for(lambda: service.workers()[heavy_worker]["busy_s"] > 0.3, 10, "the long message never started")
+            started = time.monotonic()
+            second = innocent.step(iid, messages[1])
+            waited, overtaken = time.monotonic() - started, not long_message.done()
+            reply = long_message.result()
+        assert waited < INNOCENT_STEP_S, f"the innocent step waited {waited:.2f} s behind the long message"
+        assert overtaken, "the long message ended before the innocent step was answered: nothing was measured"
+        assert not reply["terminated"]  # the long message ran into its budget, as alone: not cut short, not lost
+        for message in messages[2:]:
+            innocent.step(iid, message)
+        assert innocent.evaluate(iid, release=True)["valid"]  # the moved episode is the one it was
+        control = innocent.create(TASK, "validate")["instance_id"]
+        assert [innocent.step(control, m)["message"] for m in messages[:2]] == [first, second["message"]]
+        innocent.release(control)
+        attacker.release(hostile)
+    assert sum(w["restarts"] for w in service.workers()) == 0
+
+
+def _on_worker(manager, want: int, create, release) -> str:
+    """An episode created until one lands on worker ``want`` of ``manager``'s pool (the others are released)."""
+    others = []
+    try:
+        for _ in range(4):
+            iid = create()
+            if _holder(manager, iid) == want:
+                return iid
+            others.append(iid)
+        raise AssertionError(f"no create landed on worker {want}")
+    finally:
+        for iid in others:
+            release(iid)
+
+
+def _holder(manager, iid: str) -> int:
+    (index,) = [w.index for w in manager._pool._workers if iid in w.episodes]
+    return index
+
+
+def test_a_heavy_episode_stays_behind_a_long_message_and_a_moved_episodes_copy_is_closed_before_its_old_worker_serves():
+    """What a move may cost: an episode whose replay would take longer than the wait it escapes (its own messages ran
+    for seconds) waits its turn instead of moving its cost onto the calm worker; and the copy a moved episode leaves
+    (here an OOD episode's scratch folder) is closed before the worker it left serves the next request."""
+    from test_env_budgets import aliasing_messages, call
+
+    from env_service.bfcl.config import ServiceLimits
+    from env_service.episodes.manager import EpisodeManager
+
+    limits = ServiceLimits(message_budget_s=2.0, call_budget_s=2.0, call_memory_mib=4096)
+    manager = EpisodeManager(workers=2, limits=limits)
+    try:
+        hostile = lambda: manager.create("multi_turn_base_0", "validate", owner="hostile")["instance_id"]  # noqa: E731
+        release = lambda iid: manager.release(iid)  # noqa: E731
+        long_one = hostile()
+        worker = _holder(manager, long_one)
+        heavy = _on_worker(manager, worker, hostile, release)
+        ood = _on_worker(
+            manager, worker, lambda: manager.create(OOD_TASK, "validate", owner="innocent")["instance_id"], release
+        )
+        scratch = manager._pool._workers[worker].scratch
+        assert os.listdir(scratch), "the OOD episode made no scratch folder: nothing to see closed"
+        for iid in (long_one, heavy):
+            for message in aliasing_messages():
+                manager.step(iid, message, owner="hostile")
+        for _ in range(2):  # its own cost: two budgets, twice what the long message below runs
+            manager.step(heavy, call("find", path="."), owner="hostile")
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(manager.step, long_one, call("find", path="."), owner="hostile")
+            wait_for(
+                lambda: (manager._pool._workers[worker].busy_since or time.monotonic()) < time.monotonic() - 0.3,
+                10,
+                "the long message never started",
+            )
+            waiting = pool.submit(manager.step, heavy, call("pwd"), owner="hostile")
+            manager.step(ood, "Done.", owner="innocent")
+            assert _holder(manager, ood) != worker and not running.done()  # moved, and served while the message ran
+            running.result(), waiting.result()
+        assert _holder(manager, heavy) == worker  # served after the long message, where it was
+        assert not os.listdir(scratch), "the moved episode's copy was not closed before its old worker served again"
+        assert manager._pool.health()["episodes_moved"] == 1
+    finally:
+        manager.close_all()

@@ -278,6 +278,9 @@ class ServiceLimits(_Block):
     # What one episode's replay on a replacement worker may take beyond twice its own recorded cost (the worker time
     # its create and accepted messages took); each episode has its own, whatever the others on the worker cost.
     replay_budget_s: float = _opt(30.0, _float(0.0))
+    # How long a request waits behind another episode's request running on its worker (a message may run its whole
+    # budget) before its episode is moved to a calm worker, by a replay; 0: never moved (env_service.workers.pool).
+    move_after_s: float = _opt(0.25, _float(0.0))
     call_memory_mib: int = _opt(256, _int(minimum=1))  # resident memory one call may add
     worker_memory_mib: int = _opt(4096, _int(minimum=0))  # address-space cap per worker; 0: none
     max_steps: int = _opt(100, _int(minimum=1))
