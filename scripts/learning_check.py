@@ -57,8 +57,8 @@ if str(ROOT) not in sys.path:
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from seal.figures import reward_over_steps  # noqa: E402
 from seal.launch import compose_recipe  # noqa: E402
+from seal.results.figures import reward_over_steps  # noqa: E402
 
 RECIPES = {"normal": "exp/cpu_learning.yaml", "flipped": "exp/cpu_learning_flipped.yaml"}
 # --apatch-steering: the same run with A-Patch on and off (its own switch, nothing else changed), per rollout seed

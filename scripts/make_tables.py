@@ -50,7 +50,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from seal import paper_numbers as paper  # noqa: E402
-from seal.eval.report import (  # noqa: E402
+from seal.results.runs import DEFAULT_VAL_FILE, RunResult, load_run  # noqa: E402
+from seal.results.tables import (  # noqa: E402
     EVAL_OOD_CATEGORIES,
     TABLE_COLUMNS,
     Z95,
@@ -59,7 +60,6 @@ from seal.eval.report import (  # noqa: E402
     pct,
     pooled_cell,
 )
-from seal.eval.runs import DEFAULT_VAL_FILE, RunResult, load_run  # noqa: E402
 
 BACKBONE_KEYS = {
     "qwen2.5-3b": "Qwen2.5-3B-Instruct",
@@ -403,7 +403,7 @@ def ood_run(runs: dict[str, RunResult], key: str) -> RunResult | None:
 
 
 def runs_markdown(runs: dict[str, RunResult], unreadable: dict[str, str]) -> str:
-    from seal.eval.report import markdown_table
+    from seal.results.tables import markdown_table
 
     text = markdown_table({k: r.cells for k, r in runs.items() if r.cells.get("average")})
     ood = {k: r.ood_cells for k, r in runs.items() if r.ood_cells}
@@ -424,7 +424,7 @@ def make_tables(
     pairs: list[tuple[str, str]] | None = None,
     unreadable: dict[str, str] | None = None,
 ) -> dict:
-    from seal.figures import accuracy_bands
+    from seal.results.figures import accuracy_bands
 
     unreadable = unreadable or {}
     os.makedirs(out_dir, exist_ok=True)

@@ -18,7 +18,7 @@ What runs is what a GPU run of the recipe runs around its generation:
 * the ``scripted`` rollout backend (``seal/cpu/scripted_rollout.py``) in place of vLLM: it answers at once with
   ground-truth calls and a share of wrong arguments, malformed calls, extra calls, early stops and rambles cut at the
   length limit (as vLLM cuts them), so the service does real work and the episodes get varied tags;
-* the agent loop's own threads for environment calls (``seal.agent_loop.ENV_CALL_THREADS``), as on a GPU node:
+* the agent loop's own threads for environment calls (``seal.env_clients.ENV_CALL_THREADS``), as on a GPU node:
   every episode of a worker can wait on the service at once, whatever the machine's cores.
 
 * the trainer side of each step that needs no model (``TrainerSide``): verl's balance over the recipe's
@@ -354,7 +354,7 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
         sizing = node.env_workers(peak)
         OmegaConf.update(config, "env_service.serve.workers", sizing.workers)
         print(f"[production shape] a node of {node.cpus} CPUs and {node.memory_gib:g} GiB: {sizing.describe()}")
-    from seal.agent_loop import ENV_CALL_THREADS
+    from seal.env_clients import ENV_CALL_THREADS
 
     print(
         f"[production shape] x{scale}: {config.data.train_batch_size} x {config.actor_rollout_ref.rollout.n} "

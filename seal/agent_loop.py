@@ -48,10 +48,10 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from env_service.bfcl.config import ServiceLimits
-from env_service.client import EnvServiceError, make_client
+from env_service.client import EnvServiceError
 from env_service.control_text import ControlText
 from env_service.vocabulary import mode_for_split, task_category
-from seal.env_clients import NoServiceOnThisNode, service_for_this_node
+from seal.env_clients import ENV_CALL_THREADS, NoServiceOnThisNode, env_client
 from seal.failed_episodes import (
     AGENT_LOOP,
     ENVIRONMENT,
@@ -67,12 +67,6 @@ logger = logging.getLogger(__name__)
 
 TRUNCATION_MARKER = "\n... truncate ..."
 ERROR_TEXT_CHARS = 2000
-_CLIENTS: dict[tuple, Any] = {}
-#: Threads for the environment calls of one worker process's episodes. Each call blocks its thread for the HTTP round
-#: trip, so the default executor (min(32, cores + 4) threads, 6 on a 2-core machine) would cap the episodes waiting
-#: on the service at once below a worker's share of a step (validation: 400 / 8 workers = 50) and stall verl's own
-#: tokenisation, which runs there too. Threads start only as calls need them.
-ENV_CALL_THREADS = 256
 _ENV_CALLS: ThreadPoolExecutor | None = None
 
 
@@ -117,26 +111,6 @@ def failure_kind(error: BaseException) -> str:
 def control_text_of(tokenizer) -> ControlText:
     """The tokenizer's control strings, built once per worker process (a loop is made for every trajectory)."""
     return ControlText.from_tokenizer(tokenizer)
-
-
-def env_client(env_cfg):
-    """One client per worker process and service (``config.env_service``): keeps the connection pool warm.
-
-    The service is this node's when the launcher started one per node; the client names the run (failure
-    profiles are per run) and carries the run's secret.
-    """
-    url, secret = service_for_this_node(env_cfg)
-    key = (url, float(env_cfg.timeout_s), int(env_cfg.retries), env_cfg.get("run_id"))
-    if key not in _CLIENTS:
-        _CLIENTS[key] = make_client(
-            url,
-            run_id=env_cfg.get("run_id"),
-            secret=secret,
-            timeout_s=float(env_cfg.timeout_s),
-            retries=int(env_cfg.retries),
-            pool_size=ENV_CALL_THREADS,  # a connection for every env-call thread: none waits for a pooled one
-        )
-    return _CLIENTS[key]
 
 
 @dataclass
@@ -412,7 +386,7 @@ class BfclAgentLoop(AgentLoopBase):
     def _write_record(
         self, task_id: str, evaluation: dict | None, traj: Trajectory, error: str = "", failed_by: str = ENVIRONMENT
     ) -> None:
-        from seal.eval.records import TurnLog, append_record, make_record
+        from seal.results.records import TurnLog, append_record, make_record
 
         log = TurnLog(self.env_params.get("tool_prompt_mode", "bfcl_qwen_fc"))
         for text, step in traj.steps:

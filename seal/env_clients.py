@@ -10,12 +10,19 @@ uses its own node's service (:func:`service_for_this_node`); a failure profile g
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from env_service.client import EnvServiceError, ProfileFanOut, make_client
 from env_service.http.auth import resolve_secret
 
 #: Ray namespace of the per-node service actors (named ``<service_id>:<node_id>``).
 ACTOR_NAMESPACE = "seal-env-services"
+#: Threads for the environment calls of one worker process's episodes. Each call blocks its thread for the HTTP round
+#: trip, so the default executor (min(32, cores + 4) threads, 6 on a 2-core machine) would cap the episodes waiting
+#: on the service at once below a worker's share of a step (validation: 400 / 8 workers = 50) and stall verl's own
+#: tokenisation, which runs there too. Threads start only as calls need them.
+ENV_CALL_THREADS = 256
+_CLIENTS: dict[tuple, Any] = {}
 
 
 class NoServiceOnThisNode(RuntimeError):
@@ -83,3 +90,24 @@ def profile_client(env, run_id: str | None, **http_options):
         url, secret = service_for_this_node(env)
         return make_client(url, run_id=run_id, secret=secret, **http_options)
     return ProfileFanOut([_NodeProfileClient(_node_actor(env, node_id), run_id) for node_id in nodes])
+
+
+def env_client(env_cfg):
+    """One client per process and service (``config.env_service``), for the agent loop's episodes and the trainer:
+    keeps the connection pool warm.
+
+    The service is this node's when the launcher started one per node; the client names the run (failure
+    profiles are per run) and carries the run's secret.
+    """
+    url, secret = service_for_this_node(env_cfg)
+    key = (url, float(env_cfg.timeout_s), int(env_cfg.retries), env_cfg.get("run_id"))
+    if key not in _CLIENTS:
+        _CLIENTS[key] = make_client(
+            url,
+            run_id=env_cfg.get("run_id"),
+            secret=secret,
+            timeout_s=float(env_cfg.timeout_s),
+            retries=int(env_cfg.retries),
+            pool_size=ENV_CALL_THREADS,  # a connection for every env-call thread: none waits for a pooled one
+        )
+    return _CLIENTS[key]

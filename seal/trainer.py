@@ -39,13 +39,12 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.metric import reduce_metrics
 
 from env_service.files import atomic_write_json
-from seal.agent_loop import env_client
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
 from seal.diagnostics import DiagnosticStats
-from seal.env_clients import profile_client
+from seal.env_clients import env_client, profile_client
 from seal.failed_episodes import FAILURE_KINDS, failure_shares, regroup_without_failed, split_validation_failures
-from seal.figures import run_figures
+from seal.results.figures import run_figures
 from seal.resume import resume_data_order, train_sampler, truncate_metric_files
 from seal.units import disk_size
 from seal.validation import BestCheckpoint, category_average, validation_table

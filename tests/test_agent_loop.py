@@ -21,9 +21,12 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from env_service.client import EnvServiceError  # noqa: E402
 from env_service.episodes.manager import EpisodeManager  # noqa: E402
 from env_service.http.service import ServerThread  # noqa: E402
-from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop, env_client  # noqa: E402
+from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop  # noqa: E402
 from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
-from seal.env_clients import NoServiceOnThisNode  # noqa: E402
+from seal.env_clients import (
+    NoServiceOnThisNode,  # noqa: E402
+    env_client,  # noqa: E402
+)
 from seal.launch import compose_recipe  # noqa: E402
 from seal.resume import SEED_FIELD  # noqa: E402
 
@@ -321,15 +324,15 @@ def test_a_retried_episode_draws_afresh_and_the_same_in_a_rerun(rollout, tokeniz
 def test_a_node_without_its_service_fails_the_episode_as_the_environments(tokenizer, monkeypatch, lookup_error):
     """The node's service is looked up in the episode (on the env-call threads, not the worker's event loop): a
     loop is still built, and the missing service fails that episode, with its kind, instead of the worker's chunk."""
-    from seal import agent_loop
+    from seal import env_clients
 
     def no_service(env_cfg):
         raise lookup_error
 
-    monkeypatch.setattr(agent_loop, "service_for_this_node", no_service)
-    agent_loop._CLIENTS.clear()
+    monkeypatch.setattr(env_clients, "service_for_this_node", no_service)
+    env_clients._CLIENTS.clear()
     out = run_episode(make_config(**{"env_service.url": "http://127.0.0.1:9"}), tokenizer, RecordingServer(None))
-    agent_loop._CLIENTS.clear()
+    env_clients._CLIENTS.clear()
     fields = out.extra_fields
     assert fields["seal_failed"] is True and fields["seal_failure_kind"] == "environment", fields["seal_error"]
     assert str(lookup_error) in fields["seal_error"]
@@ -339,13 +342,13 @@ def test_a_node_without_its_service_fails_the_episode_as_the_environments(tokeni
 def test_the_env_clients_pool_holds_a_connection_for_every_env_call_thread():
     """Every env-call thread can hold a kept-alive connection at once (a smaller pool opens and drops a new one for
     each call beyond it, under the recipe's 256 episodes a step)."""
-    from seal import agent_loop
+    from seal import env_clients
 
-    agent_loop._CLIENTS.clear()
+    env_clients._CLIENTS.clear()
     client = env_client(make_config(**{"env_service.url": "http://127.0.0.1:9"}).env_service)
-    agent_loop._CLIENTS.clear()
+    env_clients._CLIENTS.clear()
     pool = client.session.get_adapter("http://127.0.0.1:9").poolmanager.connection_pool_kw
-    assert pool["maxsize"] >= agent_loop.ENV_CALL_THREADS
+    assert pool["maxsize"] >= env_clients.ENV_CALL_THREADS
 
 
 class QueuedServer(RecordingServer):

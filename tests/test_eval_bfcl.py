@@ -15,10 +15,10 @@ from env_service.bfcl.calls import parse_call_string
 from env_service.bfcl.tasks import load_task
 from env_service.client import make_client
 from env_service.control_text import ControlText
-from seal.eval import report
 from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
 from seal.eval.endpoint import run_episode
-from seal.eval.records import append_record, load_records
+from seal.results import tables
+from seal.results.records import append_record, load_records
 
 #: These episodes replay scripted answers: nothing to escape (the escape: tests/test_env_text_is_data.py).
 NO_MARKUP = ControlText(())
@@ -78,7 +78,7 @@ def results(tmp_path_factory):
 
 def test_bfcl_scores_our_results_as_we_do(results):
     root, records = results
-    ours = report.accuracy_table(records)
+    ours = tables.accuracy_table(records)
     assert 0 < ours["average"].accuracy < 1, "the check needs passing and failing tasks"
     scores = score_with_bfcl(records, str(root / "bfcl"))
     assert set(scores) == {"base", "miss_func", "miss_param", "long_context"}

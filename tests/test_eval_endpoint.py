@@ -15,7 +15,7 @@ from test_vllm_cpu import REPO, VENV_PYTHON, free_port, require_venv
 
 from seal.cpu.vllm_cpu import RUNTIME_ENV
 from seal.eval.__main__ import main as eval_main
-from seal.eval.records import load_records
+from seal.results.records import load_records
 
 pytestmark = pytest.mark.slow
 TASKS = "multi_turn_base_107,multi_turn_miss_param_107"

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from seal.eval.__main__ import main
-from seal.eval.records import load_records
+from seal.results.records import load_records
 
 TASKS = "multi_turn_base_0,multi_turn_miss_func_0"
 

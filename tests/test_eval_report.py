@@ -9,9 +9,9 @@ import pytest
 from scipy.stats import binomtest
 
 from env_service.bfcl.tasks import task_ids
-from seal.eval import report
-from seal.eval.records import TurnLog, append_record, finished_tasks, load_records, make_record
 from seal.eval.tasks import EVAL_SPLIT, select_tasks, write_eval_dataset
+from seal.results import tables
+from seal.results.records import TurnLog, append_record, finished_tasks, load_records, make_record
 
 
 def record(task_id, valid, tags=("pass",), labels=("pass",), failed=False):
@@ -46,7 +46,7 @@ def test_accuracy_and_binomial_standard_errors():
         + [record(f"multi_turn_miss_func_{i}", i < 1) for i in range(5)]
         + [record("multi_turn_long_context_0", False, failed=True)]
     )
-    table = report.accuracy_table(records)
+    table = tables.accuracy_table(records)
     assert table["base"].accuracy == 0.75 and table["base"].n == 4
     assert table["base"].stderr == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
     assert table["miss_func"].accuracy == 0.2 and "long_context" not in table  # env failures left out
@@ -70,7 +70,7 @@ def test_failure_profile_shares_per_category():
             labels=("missing_tool_call", "state_mismatch"),
         ),
     ]
-    profile = report.failure_profile(records)
+    profile = tables.failure_profile(records)
     assert profile["tags"]["base"] == {"empty_turn_model_response": 0.25, "pass": 0.25, "state_mismatch": 0.5}
     assert profile["labels"]["all"]["missing_tool_call"] == 0.25
 
@@ -79,7 +79,7 @@ def test_write_report_files(tmp_path):
     path = str(tmp_path / "results.jsonl")
     for i in range(3):
         append_record(path, record(f"multi_turn_miss_param_{i}", i == 0))
-    summary = report.write_report(path, str(tmp_path), "m")
+    summary = tables.write_report(path, str(tmp_path), "m")
     assert summary["table"]["miss_param"]["passed"] == 1
     # 1 of 3 passed: too few for ± se; the 95 % Wilson interval (by hand: (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) /
     # (1 + z²/n) with z = 1.96), and an Average over one category says so
@@ -145,6 +145,6 @@ def test_a_training_checkpoint_means_its_huggingface_export(tmp_path):
 
 
 def test_small_samples_show_a_wilson_interval_not_a_zero_error():
-    assert report.pct(report.binomial_cell(0, 2)) == "0.00 [0.00, 65.76]"  # not "0.00 ± 0.00"
-    assert report.pct(report.binomial_cell(2, 2)) == "100.00 [34.24, 100.00]"
-    assert report.pct(report.binomial_cell(40, 100)) == "40.00 ± 4.90"  # enough of both: the binomial SE
+    assert tables.pct(tables.binomial_cell(0, 2)) == "0.00 [0.00, 65.76]"  # not "0.00 ± 0.00"
+    assert tables.pct(tables.binomial_cell(2, 2)) == "100.00 [34.24, 100.00]"
+    assert tables.pct(tables.binomial_cell(40, 100)) == "40.00 ± 4.90"  # enough of both: the binomial SE

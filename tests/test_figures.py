@@ -7,9 +7,9 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
-from seal import figures
 from seal.apatch import SCALE_QUANTILES
-from seal.eval.report import binomial_cell
+from seal.results import figures
+from seal.results.tables import binomial_cell
 
 
 def metrics(steps=4, quantiles=True):

@@ -181,33 +181,65 @@ def test_environment_layers_import_only_downward():
     assert env_layer("env_service.http.service") > env_layer("env_service.episodes.manager")  # the order is real
 
 
-#: The entry points of seal/: the launcher, reporting, and ``python -m seal.eval`` with its checkpoint runner (which
-#: runs the launcher in validation-only mode). They may import the launcher and reporting; nothing else under seal/ may.
-SEAL_ENTRY_POINTS = ("seal.launch", "seal.report", "seal.eval.__main__", "seal.eval.checkpoint")
+#: seal/'s floors, bottom to top; a module's floor is that of the longest prefix naming it. Each floor imports only
+#: its own and the ones below: what several layers share lives below them, and the commands (the launcher, reporting,
+#: ``python -m seal.eval`` and its checkpoint runner, which runs the launcher in validation-only mode) sit on top.
+SEAL_FLOORS = (
+    (
+        "foundation",
+        (
+            "seal.units",
+            "seal.paper_numbers",
+            "seal.resume",
+            "seal.env_clients",
+            "seal.capability_state",
+            "seal.validation",
+            "seal.cpu",
+        ),
+    ),
+    (
+        "mechanisms and results",
+        (
+            "seal.apatch",
+            "seal.diagnostics",
+            "seal.failed_episodes",
+            "seal.prompt_budget",
+            "seal.config",
+            "seal.results",
+        ),
+    ),
+    ("the step and evaluation's runners", ("seal.agent_loop", "seal.trainer", "seal.verl_plugins", "seal.eval")),
+    ("the launcher", ("seal.launch",)),
+    ("commands", ("seal.eval.__main__", "seal.eval.checkpoint", "seal.report")),
+)
 
 
-def test_launch_and_report_are_imported_only_by_entry_points():
-    """What several layers share lives below them: the step, the agent loop, evaluation and the CPU stand-ins
-    never import the launcher (seal.launch) or reporting (seal.report)."""
-    graph = import_graph()
-    is_entry = lambda module: any(module == e or module.startswith(e + ".") for e in SEAL_ENTRY_POINTS)  # noqa: E731
-    wrong = sorted(
-        f"{module} -> {target}"
-        for module, targets in graph.items()
-        if module.startswith("seal.") and not is_entry(module)
-        for target in targets
-        if target.startswith(("seal.launch", "seal.report"))
-    )
-    assert not wrong, wrong
+def seal_floor(module: str) -> int | None:
+    """The floor of a module under seal/ (its index in ``SEAL_FLOORS``), None when no prefix names it."""
+    matches = [
+        (len(prefix), floor)
+        for floor, (_, prefixes) in enumerate(SEAL_FLOORS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    return max(matches)[1] if matches else None
 
 
-def test_the_launcher_never_imports_reporting():
-    """Reporting reads what the launcher composes and estimates (the reproduction plan); never the other way."""
-    wrong = sorted(
-        f"{module} -> {target}"
+def test_every_seal_module_has_a_floor():
+    unplaced = sorted(m for m in _modules() if m.startswith("seal.") and seal_floor(m) is None)
+    assert not unplaced, f"give these a floor in SEAL_FLOORS: {unplaced}"
+
+
+def test_seal_floors_import_only_downward():
+    """The step never imports the launcher or the commands, the results format never imports the step, the launcher
+    never imports reporting; an import up a floor fails here, with where it points."""
+    upward = sorted(
+        f"{module} ({SEAL_FLOORS[seal_floor(module)][0]}) -> {target} ({SEAL_FLOORS[seal_floor(target)][0]})"
         for module, targets in import_graph().items()
-        if module.startswith("seal.launch")
+        if module.startswith("seal.")
         for target in targets
-        if target.startswith("seal.report")
+        if target.startswith("seal.") and seal_floor(target) > seal_floor(module)
     )
-    assert not wrong, wrong
+    assert not upward, upward
+    assert seal_floor("seal.eval.checkpoint") > seal_floor("seal.launch") > seal_floor("seal.trainer")  # the order
+    assert seal_floor("seal.trainer") > seal_floor("seal.results.records") >= seal_floor("seal.apatch")

@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import binomtest
 
 from seal import paper_numbers
-from seal.eval.records import append_record, make_record
+from seal.results.records import append_record, make_record
 
 REPO = Path(__file__).resolve().parents[1]
 VAL_FILE = REPO / "data" / "bfcl_heldout.parquet"
@@ -392,17 +392,17 @@ def test_the_papers_small_cells_get_the_wilson_treatment_ours_get():
 def test_an_average_of_unequal_categories_is_shown_around_the_mean_it_prints():
     """0/2 and 1/10: the mean of the two accuracies is 5 %, the pooled count 1/12; the cell prints 5.00 with the
     categories' SEs (Wilson half-width / z for small ones, from scipy) combined, not the Wilson interval of 1/12."""
-    from seal.eval import report
+    from seal.results import tables
 
-    average = report.average_cell([report.binomial_cell(0, 2), report.binomial_cell(1, 10)])
+    average = tables.average_cell([tables.binomial_cell(0, 2), tables.binomial_cell(1, 10)])
     ses = []
     for passed, n in ((0, 2), (1, 10)):
         ci = binomtest(passed, n).proportion_ci(confidence_level=0.95, method="wilson")
         ses.append((ci.high - ci.low) / 2 / 1.959964)
-    assert report.pct(average) == f"5.00 ± {100 * math.hypot(*ses) / 2:.2f}"
-    equal = report.average_cell([report.binomial_cell(0, 10), report.binomial_cell(1, 10)])  # mean = pooled 1/20
+    assert tables.pct(average) == f"5.00 ± {100 * math.hypot(*ses) / 2:.2f}"
+    equal = tables.average_cell([tables.binomial_cell(0, 10), tables.binomial_cell(1, 10)])  # mean = pooled 1/20
     ci = binomtest(1, 20).proportion_ci(confidence_level=0.95, method="wilson")
-    assert report.pct(equal) == f"5.00 [{100 * ci.low:.2f}, {100 * ci.high:.2f}]"
+    assert tables.pct(equal) == f"5.00 [{100 * ci.low:.2f}, {100 * ci.high:.2f}]"
 
 
 def test_the_interaction_note_says_where_the_papers_two_figures_come_from(tmp_path):

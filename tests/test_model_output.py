@@ -109,7 +109,7 @@ def test_a_reply_the_agent_loop_cannot_use_fails_only_its_episode(loop_config, t
     creates, releases = [], []
 
     def prepare(loop):
-        from seal.agent_loop import env_client
+        from seal.env_clients import env_client
 
         env = env_client(loop.config.env_service)
 

@@ -31,7 +31,7 @@ from env_service.control_text import ControlText
 from seal.eval.bfcl_files import render_step, score_file, score_with_bfcl
 from seal.eval.endpoint import run_episode
 from seal.eval.ood import run_ood, select_ood
-from seal.eval.records import load_records
+from seal.results.records import load_records
 
 #: These episodes replay scripted answers: nothing to escape (the escape: tests/test_env_text_is_data.py).
 NO_MARKUP = ControlText(())

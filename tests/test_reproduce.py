@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from seal import paper_numbers as paper
-from seal.eval.records import load_records
-from seal.eval.runs import load_run, read_metrics, validation_steps
 from seal.eval.tau2 import tau2_python
 from seal.launch import compose_recipe
 from seal.report import reproduction
 from seal.report.reproduction import leaves
+from seal.results.records import load_records
+from seal.results.runs import load_run, read_metrics, validation_steps
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))

@@ -28,8 +28,8 @@ from side_venv import require_side_venv
 from tau2_stubs import AGENT_MODEL, USER_MODEL, StubServer
 
 from seal.eval.__main__ import main as seal_eval
-from seal.eval.records import load_records
-from seal.eval.tau2_tasks import tau2_task_id
+from seal.results.records import load_records
+from seal.results.tau2_tasks import tau2_task_id
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SEAL_TAU2_VENV", REPO / ".venv-tau2"))

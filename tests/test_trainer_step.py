@@ -14,10 +14,10 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from seal.agent_loop import env_client
 from seal.apatch import DEFAULT_TAG_WEIGHTS as WEIGHTS
-from seal.eval.runs import read_metrics
+from seal.env_clients import env_client
 from seal.launch import compose_recipe
+from seal.results.runs import read_metrics
 from seal.trainer import SealTrainer, batch_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,14 +153,14 @@ def test_capability_cues_receive_the_failure_profile(tmp_path):
 def test_a_resumed_run_sends_the_restored_profile_before_its_first_rollout(tmp_path, monkeypatch):
     """The resumed launch talks to a new service, which knows no profile: the checkpoint's goes there at once,
     so the first resumed step's prompts carry the cues the uninterrupted run's had."""
-    import seal.agent_loop
+    import seal.env_clients
 
     monkeypatch.setattr(RayPPOTrainer, "_save_checkpoint", verl_save_marker)
     cues = "env_service.bfcl.capability_cues.enable=true"
     run_a = make_trainer(tmp_path, cues)
     run_a._seal_step(make_batch(ROWS)[0])
     run_a._save_checkpoint()  # step 1; the run and its service die here
-    monkeypatch.setattr(seal.agent_loop, "_CLIENTS", {})  # the resumed launch's new (in-process) service
+    monkeypatch.setattr(seal.env_clients, "_CLIENTS", {})  # the resumed launch's new (in-process) service
     run_b = make_trainer(tmp_path, cues)
     monkeypatch.setattr(RayPPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
     run_b._load_checkpoint()
@@ -184,11 +184,11 @@ def test_rollout_metrics_count_cut_responses_and_failures(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_inprocess_env():
-    from seal import agent_loop
+    from seal import env_clients
 
-    agent_loop._CLIENTS.clear()
+    env_clients._CLIENTS.clear()
     yield
-    agent_loop._CLIENTS.clear()
+    env_clients._CLIENTS.clear()
 
 
 def test_budget_knob_from_the_recipe_reaches_apatch(tmp_path):

@@ -4,7 +4,7 @@ Two ways to produce episodes, one results file, one report:
 
 * ``checkpoint``: a checkpoint or hub id through the training run's own validation (``seal.launch`` with
   ``trainer.val_only``), so it scores exactly what its training validation scored; the agent loop writes one
-  record per episode (``seal/eval/records.py``);
+  record per episode (``seal/results/records.py``);
 * ``endpoint``: any OpenAI-compatible chat endpoint, text in and text out, against the same environment service;
 * ``report``: the per-category table with binomial standard errors, the failure profile, and the same results in
   bfcl-eval's own result-file layout, scored by bfcl's own ``evaluate``.

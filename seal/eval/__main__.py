@@ -30,10 +30,11 @@ import shutil
 import sys
 
 from env_service.bfcl.ood_tasks import OOD_CATEGORIES, is_ood_task
-from seal.eval import report, serve
-from seal.eval.records import describe_failures, finished_tasks, load_records
+from seal.eval import serve
 from seal.eval.tasks import SELECTIONS, select_tasks
-from seal.eval.tau2_tasks import TAU2_CATEGORIES, split_tau2_task_id
+from seal.results import tables
+from seal.results.records import describe_failures, finished_tasks, load_records
+from seal.results.tau2_tasks import TAU2_CATEGORIES, split_tau2_task_id
 
 RESULTS_FILE = "results.jsonl"
 
@@ -192,7 +193,7 @@ def _run_tau2(args, categories: list[str], ids: list[str], results_path: str, ou
 def finish(out_dir: str, name: str, bfcl: bool = True) -> dict:
     """Write the table and the failure profile; score the same results with bfcl-eval; print the table."""
     results_path = os.path.join(out_dir, RESULTS_FILE)
-    summary = report.write_report(results_path, out_dir, name)
+    summary = tables.write_report(results_path, out_dir, name)
     bfcl_records = [r for r in load_records(results_path) if r["category"] not in TAU2_CATEGORIES]
     if bfcl and bfcl_records:  # tau2's results are scored by tau2 (``seal/eval/tau2.py``), not bfcl
         from seal.eval.bfcl_files import score_with_bfcl

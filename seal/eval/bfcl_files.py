@@ -32,7 +32,7 @@ import sys
 from env_service.bfcl.ood_tasks import MEMORY_CATEGORIES, OOD_CATEGORIES
 from env_service.bfcl.parser import parse_assistant
 from env_service.vocabulary import CATEGORY_PREFIX, STEP_PARSE_ERROR
-from seal.eval.records import scored
+from seal.results.records import scored
 
 BFCL_MODEL = "Qwen/Qwen3-8B-FC"
 VERSION_PREFIX = "BFCL_v4"

@@ -14,8 +14,8 @@ import glob
 import os
 import threading
 
-from seal.eval.records import load_records
 from seal.eval.tasks import write_eval_dataset
+from seal.results.records import load_records
 
 GPU_RECIPE = "exp/SEAL.yaml"
 CPU_RECIPE = "exp/cpu_tiny.yaml"

@@ -20,7 +20,7 @@ import requests
 
 from env_service.client import EnvServiceError, make_client
 from env_service.control_text import ControlText
-from seal.eval.records import TurnLog, append_record, make_record
+from seal.results.records import TurnLog, append_record, make_record
 
 
 class EndpointError(RuntimeError):

@@ -28,11 +28,11 @@ from env_service.bfcl.ood_tasks import (
     unavailable_reason,
 )
 from env_service.files import atomic_write_json
-from seal.eval.records import append_record, make_record
+from seal.results.records import append_record, make_record
 
 PREREQ_DIR = "memory_prereq"
 
-#: Runs one episode: (task id, memory snapshot or None) -> the record (``seal.eval.records.make_record``).
+#: Runs one episode: (task id, memory snapshot or None) -> the record (``seal.results.records.make_record``).
 RunEpisode = Callable[[str, "dict | None"], dict]
 
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seal.eval.records import append_record, make_record
-from seal.eval.tau2_tasks import TAU2_CATEGORIES, split_tau2_task_id, tau2_task_id
 from seal.eval.tau2_worker import RESULT_PREFIX
+from seal.results.records import append_record, make_record
+from seal.results.tau2_tasks import TAU2_CATEGORIES, split_tau2_task_id, tau2_task_id
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_ENV = "SEAL_TAU2_VENV"

@@ -27,7 +27,7 @@ import re
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from seal.eval.tau2_tasks import TASK_SPLIT
+from seal.results.tau2_tasks import TASK_SPLIT
 
 RESULT_PREFIX = "SEAL_TAU2 "
 MAX_STEPS = 200

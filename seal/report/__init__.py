@@ -1,1 +1,2 @@
-"""Reporting: the paper's numbers, the reproduction plan and its rehearsal, and the figures of a run."""
+"""Reporting: the paper's reproduction as one plan of commands, and its CPU rehearsal (a run's tables and figures are
+``seal.results``)."""

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 
 from env_service.vocabulary import CATEGORIES
-from seal.eval.records import load_records, scored
-from seal.eval.report import EVAL_OOD_CATEGORIES, Cell, accuracy_table, average_cell, binomial_cell, ood_table
+from seal.results.records import load_records, scored
+from seal.results.tables import EVAL_OOD_CATEGORIES, Cell, accuracy_table, average_cell, binomial_cell, ood_table
 
 VAL_KEY = "val-core/multi_turn_{}/reward/mean@1"
 DEFAULT_VAL_FILE = "data/bfcl_heldout.parquet"

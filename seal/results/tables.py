@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 
 from env_service.bfcl.ood_tasks import OOD_CATEGORIES
 from env_service.vocabulary import CATEGORIES
-from seal.eval.records import describe_failures, load_records, scored
-from seal.eval.tau2_tasks import TAU2_CATEGORIES
+from seal.results.records import describe_failures, load_records, scored
+from seal.results.tau2_tasks import TAU2_CATEGORIES
 
 #: Every evaluate-only category: bfcl V4's memory and web search, tau2-bench's domains.
 EVAL_OOD_CATEGORIES: tuple[str, ...] = OOD_CATEGORIES + TAU2_CATEGORIES

@@ -37,7 +37,7 @@ def _save(fig, path: str) -> str:
 
 def accuracy_bands(runs: Mapping[str, Mapping[int, Mapping]], path: str) -> str | None:
     """One panel per category (and the average): accuracy (%) over steps per run, shaded ± one standard error.
-    ``runs[name][step][column]`` is a ``seal.eval.report.Cell``."""
+    ``runs[name][step][column]`` is a ``seal.results.tables.Cell``."""
     if not any(runs.values()):
         return None
     fig = _figure(4.0 * len(PANELS), 3.6)
@@ -209,7 +209,7 @@ def run_figures(run_dir: str, out_dir: str | None = None) -> list[str]:
     import glob
     import json
 
-    from seal.eval.runs import load_run, read_metrics
+    from seal.results.runs import load_run, read_metrics
 
     out_dir = out_dir or run_dir
     metrics = read_metrics(run_dir)
