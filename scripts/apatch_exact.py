@@ -33,18 +33,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "scripts"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import torch
+from omegaconf import OmegaConf
 
-import torch  # noqa: E402
-from learning_check import FirstChoice, composed, mean_se, recipe_decoys  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+from seal.report.decoy_choice import FirstChoice, composed, mean_se, recipe_decoys
 
 RECIPE = "exp/cpu_learning_apatch_exact.yaml"
 #: The released recipe: its actor (policy loss, clipping, KL loss, optimizer) and its GRPO are what Stage A updates by.

@@ -32,11 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "scripts"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
 #: Qwen2.5-0.5B-Instruct's architecture (its config.json), the vocabulary left to the tokenizer.
 QWEN25_05B = {
     "hidden_size": 896,

@@ -34,9 +34,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 RECIPE = "exp/gpu_smoke.yaml"
 #: Each GPU step's time limit, with the install and the estimate (under a minute) 10 minutes in all: the launcher's
 #: start (environment service, Ray, vLLM's engine and CUDA graphs) and 2 steps with 3 validations of 8 tasks take

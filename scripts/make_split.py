@@ -34,12 +34,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from env_service.bfcl import upstream  # noqa: E402
-from env_service.bfcl.tasks import (  # noqa: E402
+from env_service.bfcl import upstream
+from env_service.bfcl.tasks import (
     CATEGORIES,
     SPLIT_RULE,
     SPLIT_SEED,
@@ -49,6 +45,7 @@ from env_service.bfcl.tasks import (  # noqa: E402
     task_ids,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 SPLIT_FILE = "split.json"
 TRAIN_FILE = "bfcl_train.parquet"
 HELDOUT_FILE = "bfcl_heldout.parquet"

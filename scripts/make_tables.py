@@ -45,13 +45,9 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from seal import paper_numbers as paper  # noqa: E402
-from seal.results.runs import DEFAULT_VAL_FILE, RunResult, load_run  # noqa: E402
-from seal.results.tables import (  # noqa: E402
+from seal import paper_numbers as paper
+from seal.results.runs import DEFAULT_VAL_FILE, RunResult, load_run
+from seal.results.tables import (
     EVAL_OOD_CATEGORIES,
     TABLE_COLUMNS,
     Z95,
@@ -61,6 +57,7 @@ from seal.results.tables import (  # noqa: E402
     pooled_cell,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 BACKBONE_KEYS = {
     "qwen2.5-3b": "Qwen2.5-3B-Instruct",
     "qwen2.5-7b": "Qwen2.5-7B-Instruct",

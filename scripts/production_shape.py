@@ -62,8 +62,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 #: The swap's keys that set a run's shape rather than its hardware: kept at the recipe's values.
 RECIPE_SHAPE = (
     "data.train_files",

@@ -23,13 +23,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from seal.report import reproduction  # noqa: E402
+from seal.report import reproduction
 
 
 def step_costs(step: reproduction.Step) -> list[reproduction.Cost]:

@@ -41,6 +41,7 @@ from verl.utils.metric import reduce_metrics
 from env_service.files import atomic_write_json
 from seal.apatch import APatchConfig, apply_apatch, vocabulary_field
 from seal.capability_state import CapabilityState
+from seal.config.checks import rule_problem
 from seal.diagnostics import DiagnosticStats
 from seal.env_clients import env_client, profile_client
 from seal.failed_episodes import FAILURE_KINDS, failure_shares, regroup_without_failed, split_validation_failures
@@ -87,8 +88,8 @@ class SealTrainer(RayPPOTrainer):
         self.epoch_in_window: int | None = None
         debug = seal.get("debug", {})
         self.advantage_sign = int(debug.get("advantage_sign", 1))
-        if self.advantage_sign not in (1, -1):
-            raise ValueError(f"seal.debug.advantage_sign must be 1 or -1, got {self.advantage_sign}")
+        if problem := rule_problem("debug.advantage_sign", self.advantage_sign):
+            raise ValueError(problem)
 
     # ---- the SEAL step ---------------------------------------------------------------------------
 
@@ -257,7 +258,7 @@ class SealTrainer(RayPPOTrainer):
             self._finalize_epoch(self.epoch_in_window)
         self.best.finish()
         # drawn from what the run logged: accuracy per category with SE bands, tag shares, A-Patch weights and scales
-        for plot in run_figures(self._run_dir()):
+        for plot in run_figures(self._run_dir(), apatch_prefix=self.apatch_cfg.metric_prefix):
             print(f"[seal] figure: {plot}")
 
 

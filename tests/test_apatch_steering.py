@@ -32,12 +32,14 @@ sys.path.insert(0, str(REPO / "scripts"))
 import learning_check  # noqa: E402
 from test_trainer_step import make_batch, make_trainer  # noqa: E402
 
+from seal.report import decoy_choice  # noqa: E402
+
 RECIPE = learning_check.STEERING_RECIPES["on"]
 
 
 @pytest.fixture(scope="module")
 def choice():
-    return learning_check.FirstChoice(RECIPE)
+    return decoy_choice.FirstChoice(RECIPE)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def options(choice):
 
 def test_the_decoys_get_their_tags_from_the_service_and_differ_in_scale(options):
     config = compose_recipe(str(REPO / RECIPE))
-    ((task_id, (old, light, heavy)),) = learning_check.recipe_decoys(RECIPE).items()
+    ((task_id, (old, light, heavy)),) = decoy_choice.recipe_decoys(RECIPE).items()
     task = load_task(task_id)
     env_params = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
     mode = EnvConfig.from_dict(env_params).tool_prompt_mode
@@ -73,7 +75,7 @@ def test_the_decoys_get_their_tags_from_the_service_and_differ_in_scale(options)
 def test_episodes_are_classified_by_the_tags_their_first_message_earns(options, choice):
     reply = "\nuser\n<tool_response>\n{}\n</tool_response>\n\nassistant\nDone.\nuser\nAdditionally"
     for name, option in options.items():
-        assert learning_check.first_message(option["text"] + reply) == option["text"]
+        assert decoy_choice.first_message(option["text"] + reply) == option["text"]
         assert learning_check.option_of(option["text"] + reply, options, choice) == name
     # the spurious deposit alone earns the heavy decoy's tags; a second, read-only call after the right one does not
     # change the right one's; a broken call and nothing at all are none of the options

@@ -154,3 +154,18 @@ def test_bands_cover_the_steps_that_logged_quantiles(tmp_path, drawn):
     assert "min–max" in legend_names(ax)
     band = next(b for b in ax.collections if b.get_label() == "min–max")
     assert sorted({round(x) for x in band.get_paths()[0].vertices[:, 0]}) == [1, 3]
+
+
+def test_a_recipe_that_logs_apatch_elsewhere_gets_its_apatch_figures_from_there(tmp_path):
+    """``seal.apatch.metric_prefix`` is a recipe key: the figures read A-Patch's metrics where the run logged them
+    (before, always under ``seal/apatch``: a run with another prefix got no A-Patch figures)."""
+    moved = {s: {k.replace("seal/apatch/", "runs/b/apatch/"): v for k, v in d.items()} for s, d in metrics().items()}
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "metrics_1.jsonl", "w") as f:
+        for step, data in moved.items():
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+    apatch = {"tag_shares.png", "apatch_weights.png", "apatch_scales.png"}
+    assert not apatch & {p.rsplit("/", 1)[1] for p in figures.run_figures(str(run), str(tmp_path / "default"))}
+    written = figures.run_figures(str(run), str(tmp_path / "moved"), apatch_prefix="runs/b/apatch")
+    assert apatch <= {p.rsplit("/", 1)[1] for p in written}

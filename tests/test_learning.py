@@ -21,6 +21,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import learning_check  # noqa: E402
 
+from seal.report import decoy_choice  # noqa: E402
+
 
 def test_compare_sees_a_rise_and_no_rise_in_flat_or_falling_rewards():
     rising = {1: [0.0, 0.5] * 8, 2: [0.0, 0.5] * 8, 3: [0.5, 1.0] * 8, 4: [1.0] * 16}
@@ -37,30 +39,30 @@ def test_mean_se_is_the_sample_standard_error():
     import statistics
 
     values = [0.0, 0.5, 0.5, 1.0, 0.0, 0.7]
-    mean, se = learning_check.mean_se(values)
+    mean, se = decoy_choice.mean_se(values)
     assert mean == pytest.approx(statistics.fmean(values))
     assert se == pytest.approx(statistics.stdev(values) / len(values) ** 0.5)
 
 
 def test_first_calls_are_classified_by_the_recipes_decoys():
-    roles = learning_check.choice_roles(learning_check.recipe_decoys(learning_check.RECIPES["normal"]))
+    roles = decoy_choice.choice_roles(decoy_choice.recipe_decoys(learning_check.RECIPES["normal"]))
     assert roles == {'"NVDA"': "right", '"MSFT"': "decoy", '"TSLA"': "decoy", '"GOOG"': "decoy"}  # multi_turn_base_100
 
     def call(symbol: str) -> str:
         return f'<tool_call>\n{{"name": "get_stock_info", "arguments": {{"symbol": {symbol}}}}}\n</tool_call>'
 
-    assert learning_check.first_call_choice(call('"NVDA"') + "\nDone.", roles) == "right"
-    assert learning_check.first_call_choice(call('"GOOG"'), roles) == "decoy"
+    assert decoy_choice.first_call_choice(call('"NVDA"') + "\nDone.", roles) == "right"
+    assert decoy_choice.first_call_choice(call('"GOOG"'), roles) == "decoy"
     # only the first call counts, and a call that names no choice (a broken one) is neither
-    assert learning_check.first_call_choice(call('"MSFT"') + call('"NVDA"'), roles) == "decoy"
-    assert learning_check.first_call_choice(call('"NV DA"'), roles) == "other"
-    assert learning_check.first_call_choice("", roles) == "other"
+    assert decoy_choice.first_call_choice(call('"MSFT"') + call('"NVDA"'), roles) == "decoy"
+    assert decoy_choice.first_call_choice(call('"NV DA"'), roles) == "other"
+    assert decoy_choice.first_call_choice("", roles) == "other"
 
 
 def test_a_text_that_is_both_right_and_a_decoy_is_refused():
     decoys = {"multi_turn_base_100": ['"NVDA"', '"MSFT"'], "multi_turn_base_144": ['"AAPL"', '"NVDA"']}
     with pytest.raises(SystemExit, match="ambiguous"):
-        learning_check.choice_roles(decoys)
+        decoy_choice.choice_roles(decoys)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ Concurrency model (the released environment keeps one Ray actor per episode; we 
 * each live episode has its own lock, taken without waiting: a request on an episode that is busy with
   another one is refused at once (409 ``episode_busy``; a client retry racing its original request must not
   interleave two steps, and a waiting request would hold one of the service's shared threads);
-* with ``workers > 0`` the episodes themselves live in worker processes (``workers.py``): the slot holds
+* with ``workers > 0`` the episodes themselves live in worker processes (``env_service/workers/pool.py``): the slot holds
   a handle, time budgets can interrupt backend calls there, and an episode whose own request got its worker
   killed fails with :class:`EpisodeLost` while every other episode (a finished one, with its verdict, too) is
   rebuilt on the replacement and goes on.
@@ -223,7 +223,7 @@ class EpisodeManager:
     ):
         """``limits``: budgets and limits (defaults: :class:`ServiceLimits`); the three keyword arguments
         before it override its fields. ``workers``: processes that run the episodes (0: in this process,
-        where time budgets hold only on the main thread; see ``workers.py``)."""
+        where time budgets hold only on the main thread; see ``env_service/workers/pool.py``)."""
         overrides = {
             "max_episodes": max_episodes,
             "idle_timeout_s": idle_timeout_s,
@@ -801,7 +801,7 @@ class EpisodeManager:
 
     def reclaim_idle(self, now: float | None = None) -> int:
         """Release episodes idle for longer than ``idle_timeout_s``; returns how many. (The service runs
-        this every ``reclaim_interval_s``; a worker that dies is replaced the moment it exits: ``workers.py``.)"""
+        this every ``reclaim_interval_s``; a worker that dies is replaced the moment it exits: ``env_service/workers/pool.py``.)"""
         now = self._clock() if now is None else now
         cutoff = now - self.idle_timeout_s
         with self._lock:

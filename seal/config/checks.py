@@ -109,16 +109,19 @@ def seal_block_problems(config: DictConfig) -> list[str]:
             problems.append(f"seal.{block}: {exc}")
     leaves: dict[str, Any] = {}
     _flatten(seal, "", leaves)
-    for key, (test, want) in SEAL_RULES.items():
-        if key not in leaves:
-            continue
-        try:
-            ok = bool(test(leaves[key]))
-        except TypeError:  # the type check names the type
-            continue
-        if not ok:
-            problems.append(f"seal.{key} must be {want}, got {leaves[key]!r}")
+    problems += [problem for key in SEAL_RULES if key in leaves and (problem := rule_problem(key, leaves[key]))]
     return problems
+
+
+def rule_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for ``seal.<key>`` by its rule in ``SEAL_RULES``, or None; the one statement of
+    the rule, for preflight and for a reader built without it (the trainer's parts in tests and rehearsals)."""
+    test, want = SEAL_RULES[key]
+    try:
+        ok = bool(test(value))
+    except TypeError:  # the type check names the type
+        return None
+    return None if ok else f"seal.{key} must be {want}, got {value!r}"
 
 
 def value_problems(config: DictConfig) -> list[str]:

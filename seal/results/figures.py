@@ -13,10 +13,12 @@ import math
 import os
 from collections.abc import Mapping
 
+from seal.apatch import APatchConfig
 from seal.diagnostics import integer_steps, plot_over_steps
 
 PANELS = ("average", "base", "miss_func", "miss_param", "long_context")
-APATCH = "seal/apatch"
+#: Where A-Patch's metrics are logged unless the recipe says otherwise (``seal.apatch.metric_prefix``).
+APATCH = APatchConfig.metric_prefix
 
 
 def _figure(width: float, height: float):
@@ -79,17 +81,17 @@ def _series(metrics: Mapping[int, Mapping[str, float]], prefix: str) -> dict[int
     return out
 
 
-def tag_shares(metrics: Mapping[int, Mapping[str, float]], path: str) -> str | None:
-    """Share of each failure tag among the step's tagged turns (``seal/apatch/tag_frac/<tag>``)."""
-    history = _series(metrics, f"{APATCH}/tag_frac/")
+def tag_shares(metrics: Mapping[int, Mapping[str, float]], path: str, prefix: str = APATCH) -> str | None:
+    """Share of each failure tag among the step's tagged turns (``<prefix>/tag_frac/<tag>``)."""
+    history = _series(metrics, f"{prefix}/tag_frac/")
     if not history:
         return None
     return plot_over_steps(history, path, title="failure-tag shares per step", ylabel="share of turns", reference=None)
 
 
-def apatch_weights(metrics: Mapping[int, Mapping[str, float]], path: str) -> str | None:
-    """The weight of each tag A-Patch used per step (``seal/apatch/tag_weight/<tag>``)."""
-    history = _series(metrics, f"{APATCH}/tag_weight/")
+def apatch_weights(metrics: Mapping[int, Mapping[str, float]], path: str, prefix: str = APATCH) -> str | None:
+    """The weight of each tag A-Patch used per step (``<prefix>/tag_weight/<tag>``)."""
+    history = _series(metrics, f"{prefix}/tag_weight/")
     if not history:
         return None
     return plot_over_steps(history, path, title="A-Patch tag weights per step", ylabel="weight")
@@ -115,13 +117,15 @@ SCALE_BANDS = (("min", "max", 0.12), ("p10", "p90", 0.2), ("p25", "p75", 0.3))
 ONE_STEP_HALF_WIDTH = 0.3
 
 
-def scale_bands(metrics: Mapping[int, Mapping[str, float]], steps: list[int]) -> list[tuple[str, list, list, list]]:
+def scale_bands(
+    metrics: Mapping[int, Mapping[str, float]], steps: list[int], prefix: str = APATCH
+) -> list[tuple[str, list, list, list]]:
     """The quantile bands that would show: (label, steps, low, high) over the steps that logged both quantiles.
     A band of no height anywhere is left out, and a band equal to the next narrower one (which would hide it) is
     merged into it, so the legend names only what is visible."""
     bands = []
     for low, high, _ in SCALE_BANDS:
-        keys = (f"{APATCH}/scale/{low}", f"{APATCH}/scale/{high}")
+        keys = (f"{prefix}/scale/{low}", f"{prefix}/scale/{high}")
         at = [s for s in steps if all(k in metrics[s] for k in keys)]
         lows, highs = [float(metrics[s][keys[0]]) for s in at], [float(metrics[s][keys[1]]) for s in at]
         if not at or all(h <= lo for lo, h in zip(lows, highs)):
@@ -142,26 +146,26 @@ def _one_step_wide(steps: list[int], *series: list[float]) -> tuple[list[float],
     return ([steps[0] - ONE_STEP_HALF_WIDTH, steps[0] + ONE_STEP_HALF_WIDTH], *[v * 2 for v in series])
 
 
-def apatch_scales(metrics: Mapping[int, Mapping[str, float]], path: str) -> str | None:
+def apatch_scales(metrics: Mapping[int, Mapping[str, float]], path: str, prefix: str = APATCH) -> str | None:
     """The distribution of A-Patch scales per step: nested quantile bands and the median where the trainer logged
-    ``seal/apatch/scale/<quantile>``; the mean scale (``seal/apatch/mean_scale``) always."""
-    steps = sorted(s for s, d in metrics.items() if f"{APATCH}/mean_scale" in d)
+    ``<prefix>/scale/<quantile>``; the mean scale (``<prefix>/mean_scale``) always."""
+    steps = sorted(s for s, d in metrics.items() if f"{prefix}/mean_scale" in d)
     if not steps:
         return None
     fig = _figure(8, 4.5)
     ax = fig.add_subplot(1, 1, 1)
     alphas = {f"{low}–{high}": alpha for low, high, alpha in SCALE_BANDS}
-    for label, at, lows, highs in scale_bands(metrics, steps):
+    for label, at, lows, highs in scale_bands(metrics, steps, prefix):
         x, lows, highs = _one_step_wide(at, lows, highs)
         alpha = alphas[label.rsplit(" = ", 1)[-1]]  # a merged band is drawn as the narrower one it equals
         ax.fill_between(x, lows, highs, color="tab:blue", alpha=alpha, linewidth=0, label=label)
-    median = [s for s in steps if f"{APATCH}/scale/p50" in metrics[s]]
+    median = [s for s in steps if f"{prefix}/scale/p50" in metrics[s]]
     if median:
-        values = [metrics[s][f"{APATCH}/scale/p50"] for s in median]
+        values = [metrics[s][f"{prefix}/scale/p50"] for s in median]
         ax.plot(median, values, color="tab:blue", marker="s", markersize=3, label="median")
     ax.plot(
         steps,
-        [metrics[s][f"{APATCH}/mean_scale"] for s in steps],
+        [metrics[s][f"{prefix}/mean_scale"] for s in steps],
         color="black",
         marker="o",
         markersize=3,
@@ -204,8 +208,9 @@ def reward_over_steps(
     return _save(fig, path)
 
 
-def run_figures(run_dir: str, out_dir: str | None = None) -> list[str]:
-    """Every single-run figure of a training run, written to ``out_dir`` (default: the run directory)."""
+def run_figures(run_dir: str, out_dir: str | None = None, apatch_prefix: str = APATCH) -> list[str]:
+    """Every single-run figure of a training run, written to ``out_dir`` (default: the run directory);
+    ``apatch_prefix``: where the run logged A-Patch's metrics (its recipe's ``seal.apatch.metric_prefix``)."""
     import glob
     import json
 
@@ -218,9 +223,9 @@ def run_figures(run_dir: str, out_dir: str | None = None) -> list[str]:
         with open(p) as f:
             dumps[int(os.path.basename(p)[len("epoch_") : -len(".json")])] = json.load(f)
     written = [
-        tag_shares(metrics, os.path.join(out_dir, "tag_shares.png")),
-        apatch_weights(metrics, os.path.join(out_dir, "apatch_weights.png")),
-        apatch_scales(metrics, os.path.join(out_dir, "apatch_scales.png")),
+        tag_shares(metrics, os.path.join(out_dir, "tag_shares.png"), apatch_prefix),
+        apatch_weights(metrics, os.path.join(out_dir, "apatch_weights.png"), apatch_prefix),
+        apatch_scales(metrics, os.path.join(out_dir, "apatch_scales.png"), apatch_prefix),
         label_shares(dumps, os.path.join(out_dir, "label_shares.png")),
     ]
     try:
