@@ -173,13 +173,14 @@ def two_workers():
         yield served
 
 
-def _worker_of(service, create, release, worker: int) -> str:
-    """An episode created until one lands on ``worker`` (the service places new ones on the calm worker with the
-    fewest episodes, so the second of two innocent episodes shares the attacker's); the others are released."""
+def _landing_on(worker: int, make, release) -> str:
+    """An episode made (``make()``: its id and the worker it landed on) until one lands on ``worker``; the others are
+    released. The service places a new episode on the calm worker with the fewest episodes, so the second of two
+    innocent episodes shares the attacker's."""
     others = []
     try:
         for _ in range(4):
-            iid, placed = BENCH._placed_on(service, create, release)
+            iid, placed = make()
             if placed == worker:
                 return iid
             others.append(iid)
@@ -207,9 +208,8 @@ def test_an_episode_behind_another_clients_long_message_moves_to_a_calm_worker_a
         )
         for message in BENCH.aliasing_messages():
             attacker.step(hostile, message)
-        iid = _worker_of(
-            service, lambda: innocent.create(TASK, "validate")["instance_id"], innocent.release, heavy_worker
-        )
+        create = lambda: innocent.create(TASK, "validate")["instance_id"]  # noqa: E731
+        iid = _landing_on(heavy_worker, lambda: BENCH._placed_on(service, create, innocent.release), innocent.release)
         first = innocent.step(iid, messages[0])["message"]  # a reply from the episode where it was created
         with ThreadPoolExecutor(1) as pool:
             long_message = pool.submit(attacker.step, hostile, BENCH._call("find", path="."))
@@ -229,21 +229,6 @@ def test_an_episode_behind_another_clients_long_message_moves_to_a_calm_worker_a
         innocent.release(control)
         attacker.release(hostile)
     assert sum(w["restarts"] for w in service.workers()) == 0
-
-
-def _on_worker(manager, want: int, create, release) -> str:
-    """An episode created until one lands on worker ``want`` of ``manager``'s pool (the others are released)."""
-    others = []
-    try:
-        for _ in range(4):
-            iid = create()
-            if _holder(manager, iid) == want:
-                return iid
-            others.append(iid)
-        raise AssertionError(f"no create landed on worker {want}")
-    finally:
-        for iid in others:
-            release(iid)
 
 
 def _holder(manager, iid: str) -> int:
@@ -267,9 +252,10 @@ def test_a_heavy_episode_stays_behind_a_long_message_and_a_moved_episodes_copy_i
         release = lambda iid: manager.release(iid)  # noqa: E731
         long_one = hostile()
         worker = _holder(manager, long_one)
-        heavy = _on_worker(manager, worker, hostile, release)
-        ood = _on_worker(
-            manager, worker, lambda: manager.create(OOD_TASK, "validate", owner="innocent")["instance_id"], release
+        placed = lambda create: lambda: (iid := create(), _holder(manager, iid))  # noqa: E731
+        heavy = _landing_on(worker, placed(hostile), release)
+        ood = _landing_on(
+            worker, placed(lambda: manager.create(OOD_TASK, "validate", owner="innocent")["instance_id"]), release
         )
         scratch = manager._pool._workers[worker].scratch
         assert os.listdir(scratch), "the OOD episode made no scratch folder: nothing to see closed"
