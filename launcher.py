@@ -2,7 +2,7 @@
 
 import sys
 
-from seal.launch import main
+from seal.launch.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

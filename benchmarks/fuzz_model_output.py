@@ -353,7 +353,7 @@ def loop_config(url: str, max_model_calls: int = 4, overrides: tuple[str, ...] =
     """The CPU recipe's trainer config with the agent loop's service at ``url`` (and Hydra ``overrides``)."""
     from omegaconf import OmegaConf
 
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     config = compose_recipe(
         str(REPO / "exp" / "cpu_tiny.yaml"),

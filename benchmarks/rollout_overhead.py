@@ -262,7 +262,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from seal.cpu.tiny_model import build_tiny_model
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     build_tiny_model(TINY_DIR, shape="vllm_cpu")
     with env_service() as url:

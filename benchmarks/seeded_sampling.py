@@ -36,9 +36,10 @@ def compose(conf: str, requests: int, max_tokens: int):
     request."""
     from omegaconf import OmegaConf
 
-    from seal import launch
+    from seal.launch.preflight import run_checks
+    from seal.launch.recipe import compose_recipe
 
-    config = launch.compose_recipe(
+    config = compose_recipe(
         conf,
         [
             "actor_rollout_ref.rollout.nnodes=1",
@@ -48,8 +49,9 @@ def compose(conf: str, requests: int, max_tokens: int):
             "env_service.url=inprocess",  # no environment: only the model's sampling is measured
         ],
     )
-    launch.check_values(config)
-    config = launch.prepare(config)  # builds the tiny model (head_dim 32, as vLLM's CPU attention needs)
+    run_checks(
+        config
+    )  # as the launcher's; prepare() builds the tiny model (head_dim 32, as vLLM's CPU attention needs)
     OmegaConf.resolve(config)
     return config
 
@@ -57,10 +59,10 @@ def compose(conf: str, requests: int, max_tokens: int):
 def start_ray(config) -> None:
     import ray
 
-    from seal import launch
+    from seal.launch.run_env import set_run_environment, verl_runtime_env
 
-    launch.set_run_environment(config)  # this process and the runtime env (the CPU platform), as the launcher's
-    runtime_env = launch.verl_runtime_env(config)
+    set_run_environment(config)  # this process and the runtime env (the CPU platform), as the launcher's
+    runtime_env = verl_runtime_env(config)
     # a CPU recipe's logical "GPU" (verl's resource pools count only GPUs: seal/cpu/platform.py); a GPU's, Ray's own
     gpus = {"num_gpus": 1} if config.trainer.device == "cpu" else {}
     ray.init(num_cpus=4, **gpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)

@@ -499,7 +499,7 @@ def warm_model(recipe: str = RECIPE):
     """The recipe's warm-started tiny model and its tokenizer, built and cached on first use as the launcher does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seal.launch import prepare
+    from seal.launch.recipe import prepare
 
     config = copy.deepcopy(composed(recipe))
     prepare(config)

@@ -94,7 +94,7 @@ def install_check(gpu: bool) -> tuple[str, str]:
 
 def smoke_overrides(out: Path, model: str | None) -> tuple[list[str], str]:
     """The recipe's overrides for this check (its folders under ``out``, the model) and which model it runs."""
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     overrides = [
         f"seal.run_dir={out / 'run'}",
@@ -118,8 +118,8 @@ def _cached(model: str) -> bool:
 
 def estimated_peak(overrides: list[str]) -> float:
     """The dry run's memory estimate per GPU (bytes): the higher of its rollout and training peaks."""
-    from seal.launch import compose_recipe, prepare
     from seal.launch.memory_estimate import estimate
+    from seal.launch.recipe import compose_recipe, prepare
 
     config = prepare(compose_recipe(RECIPE, overrides))  # builds the tiny model when the check runs it
     found = estimate(config)

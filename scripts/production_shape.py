@@ -11,7 +11,7 @@ What runs is what a GPU run of the recipe runs around its generation:
   workers) and a tokenizer that stands for the backbone's: the tiny model's real Qwen tokenizer (the swap's small
   vocabulary would make every prompt longer than on GPU), or for a Llama-3.1 recipe (``exp/toolace2_8b.yaml``) the
   BFCL BPE with Llama 3.1's special tokens, rendered with the recipe's own chat template;
-* the launcher's own environment service over HTTP (``seal.launch.environment_service``: its secret, ``--parent-pid``
+* the launcher's own environment service over HTTP (``seal.launch.service.environment_service``: its secret, ``--parent-pid``
   watch, supervisor, and the recipe's peak episodes as its per-client limits);
 * verl's agent-loop manager (seal's, as the launcher sets it) and the recipe's agent-loop workers, running the real
   ``BfclAgentLoop``: every episode of a step or a validation at once, as verl starts them;
@@ -130,7 +130,7 @@ if os.environ.get(PROBE_DIR) and __name__ != "__main__":
 def compose(conf: str, scale: int, run_dir: Path, overrides: list[str]):
     from omegaconf import OmegaConf
 
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
     from seal.report.reproduction import SWAP, swap_values
 
     recipe = compose_recipe(conf, overrides)
@@ -337,14 +337,12 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
     import ray
     from omegaconf import OmegaConf
 
-    from seal import launch
-    from seal.launch.env_services import peak_episodes
+    from seal.launch.preflight import run_checks
+    from seal.launch.run_env import set_run_environment
+    from seal.launch.service import environment_service, peak_episodes
 
     config, dp_ranks = compose(conf, scale, out / f"x{scale}", overrides)
-    launch.check_values(config)
-    launch.check_inputs(config)
-    config = launch.prepare(config)
-    for warning in launch.preflight(config):
+    for warning in run_checks(config).warnings:  # as the launcher checks and prepares a run
         print(f"[production shape] warning: {warning}")
     peak = peak_episodes(config)
     workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
@@ -363,10 +361,10 @@ def run_scale(conf: str, scale: int, steps: int, out: Path, overrides: list[str]
     shutil.rmtree(probe, ignore_errors=True)  # an earlier run's
     probe.mkdir(parents=True)
     results = []
-    with launch.environment_service(config) as url:
+    with environment_service(config) as url:
         OmegaConf.set_struct(config, False)
         config.env_service.url = url
-        launch.set_run_environment(config)
+        set_run_environment(config)
         OmegaConf.resolve(config)  # as verl's task runner does before it builds anything
         _start_ray(config, probe, node)
         try:
@@ -381,7 +379,7 @@ def _start_ray(config, probe: Path, node: Node | None) -> None:
     process."""
     import ray
 
-    from seal.launch import verl_runtime_env
+    from seal.launch.run_env import verl_runtime_env
 
     runtime_env = verl_runtime_env(config)
     env = runtime_env.setdefault("env_vars", {})

@@ -1,6 +1,6 @@
 """How the run's processes find their environment services: the agent loop's service, the trainer's profile pushes.
 
-The launcher (``seal.launch.env_services``) starts the services and writes where they are into
+The launcher (``seal.launch.service``) starts the services and writes where they are into
 ``config.env_service``: one ``url`` (and ``secret_file``), or with several nodes ``nodes`` (Ray node id -> URL),
 each node's service owned by a Ray actor named :func:`actor_name` in :data:`ACTOR_NAMESPACE`. An agent-loop worker
 uses its own node's service (:func:`service_for_this_node`); a failure profile goes to every one

@@ -27,7 +27,7 @@ from seal.env_clients import (
     NoServiceOnThisNode,  # noqa: E402
     env_client,  # noqa: E402
 )
-from seal.launch import compose_recipe  # noqa: E402
+from seal.launch.recipe import compose_recipe  # noqa: E402
 from seal.resume import SEED_FIELD  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from seal.agent_loop import BfclAgentLoop  # noqa: E402
-from seal.launch import compose_recipe  # noqa: E402
+from seal.launch.recipe import compose_recipe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI

@@ -24,7 +24,7 @@ from env_service.client import EnvClient
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
 from seal.cpu.warm_start import episode_texts
-from seal.launch import compose_recipe
+from seal.launch.recipe import compose_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))

@@ -22,7 +22,8 @@ def test_a_user_set_thread_count_wins(monkeypatch):
 def test_a_thread_count_in_the_recipes_runtime_env_wins(monkeypatch):
     from pathlib import Path
 
-    from seal.launch import compose_recipe, ray_runtime_env
+    from seal.launch.recipe import compose_recipe
+    from seal.launch.run_env import ray_runtime_env
 
     recipe = str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml")
     config = compose_recipe(recipe, ["+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='1'"])

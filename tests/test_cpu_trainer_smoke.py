@@ -51,7 +51,7 @@ def _write_data(root: Path) -> Path:
 
 
 def _compose(model_dir: Path, data: Path, reward: Path, ckpt: Path):
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     run = [
         f"actor_rollout_ref.model.path={model_dir}",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from seal.launch import compose_recipe
+from seal.launch.recipe import compose_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -19,7 +19,7 @@ from processes import processes, wait_for
 
 from env_service.client import EnvClient, make_client
 from seal import env_clients
-from seal.launch import env_services
+from seal.launch import service
 
 CUE_PROFILE = {"tags": {"missing_tool_call": {"count": 40, "reward_mean": 0.1}}}
 CUE_PARAMS = {"capability_cues": {"enable": True}}
@@ -65,9 +65,9 @@ def _on_node(ray, node_id: str, env_cfg: dict):
 @pytest.mark.slow
 def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all_and_a_spent_budget_is_named(cluster):
     ray = cluster
-    secret, service_id = env_services.new_secret(), env_services.new_service_id()
+    secret, service_id = service.new_secret(), service.new_service_id()
     budget = {"max_restarts": 0, "unresponsive_s": 60}
-    nodes = env_services.start_node_services(secret, service_id, ["--workers", "0"], budget)
+    nodes = service.start_node_services(secret, service_id, ["--workers", "0"], budget)
     try:
         assert len(nodes) == 2 and len(set(nodes.values())) == 2
         env = OmegaConf.create({"url": None, "secret_file": None, "service_id": service_id, "nodes": nodes})
@@ -86,17 +86,17 @@ def test_one_service_per_node_used_by_that_nodes_workers_and_profiles_reach_all_
 
         # each node's actor supervises its service as the launcher does; past its budget it says so, which the
         # launcher polls (node_services_given_up) to stop the run naming the node
-        assert env_services.node_services_given_up(service_id, list(nodes)) == []
+        assert service.node_services_given_up(service_id, list(nodes)) == []
         node_id = next(iter(nodes))
         [pid] = [pid for pid, p in processes().items() if f"--service-id {service_id}:{node_id}" in p["cmd"]]
         os.kill(pid, signal.SIGKILL)
-        [why] = wait_for(lambda: env_services.node_services_given_up(service_id, list(nodes)), 30, "no give-up")
+        [why] = wait_for(lambda: service.node_services_given_up(service_id, list(nodes)), 30, "no give-up")
         assert why.startswith(f"on Ray node {node_id}: the environment service at {nodes[node_id]} (pid {pid}")
         assert why.endswith(
             "exited with code -9 after 0 restart(s), the most env_service.supervise.max_restarts allows: the run stops"
         )
     finally:
-        env_services.stop_node_services(service_id, list(nodes))
+        service.stop_node_services(service_id, list(nodes))
     for url in nodes.values():
         with pytest.raises(requests.ConnectionError):
             requests.get(url + "/health", timeout=5)
@@ -108,7 +108,8 @@ def test_both_nodes_pass_the_node_check(cluster, tmp_path, monkeypatch):
     nothing; a third node asked for is refused."""
     from pathlib import Path
 
-    from seal.launch import compose_recipe, multinode
+    from seal.launch import multinode
+    from seal.launch.recipe import compose_recipe
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     config = compose_recipe(
@@ -128,7 +129,8 @@ def test_both_nodes_pass_the_node_check(cluster, tmp_path, monkeypatch):
 def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
     from pathlib import Path
 
-    from seal.launch import compose_recipe, environment_service
+    from seal.launch.recipe import compose_recipe
+    from seal.launch.service import environment_service
 
     ray = cluster
     address = ray.get_runtime_context().gcs_address
@@ -165,7 +167,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 KILLED_LAUNCHER = """
 import sys, time
-from seal.launch import compose_recipe, environment_service
+from seal.launch.recipe import compose_recipe
+from seal.launch.service import environment_service
 
 overrides = ["trainer.nnodes=2", "env_service.serve.workers=0", "+ray_kwargs.ray_init.address=" + sys.argv[2]]
 config = compose_recipe("exp/cpu_tiny.yaml", ["seal.run_dir=" + sys.argv[1], *overrides])
@@ -215,8 +218,9 @@ def test_a_gpu_less_head_node_is_accepted_and_the_gpu_node_checked(cluster, tmp_
     check names, with that node)."""
     import torch
 
-    from seal import launch
-    from seal.launch import compose_recipe, multinode
+    from seal.launch import multinode
+    from seal.launch.preflight import _check_device
+    from seal.launch.recipe import compose_recipe
 
     ray = cluster
     config = compose_recipe(
@@ -230,7 +234,7 @@ def test_a_gpu_less_head_node_is_accepted_and_the_gpu_node_checked(cluster, tmp_
         ],
     )
     problems = []
-    launch._check_device(config, problems)
+    _check_device(config, problems)
     assert problems == []
     [gpu_node] = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
     assert multinode.cluster_problems(config) == [

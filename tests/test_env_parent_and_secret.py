@@ -17,7 +17,7 @@ import requests
 
 from env_service.http.auth import read_secret_file
 from env_service.workers.parent_watch import EXIT_ORPHANED
-from seal.launch.env_services import write_secret
+from seal.launch.service import write_secret
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "correct horse battery staple"

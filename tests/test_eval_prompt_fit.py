@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from seal import prompt_budget
 from seal.eval.checkpoint import CPU_RECIPE, eval_overrides, prompt_fit_overrides
 from seal.eval.tasks import select_tasks, write_eval_dataset
-from seal.launch import _check_prompt_budget, compose_recipe
+from seal.launch.preflight import _check_prompt_budget
+from seal.launch.recipe import compose_recipe
 
 EVALUATION_MD = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
 

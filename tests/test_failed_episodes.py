@@ -251,7 +251,7 @@ def test_a_generation_that_raises_is_counted_and_stopped_as_the_generations_not_
     """Through the real agent loop and service: the episode whose generation raised fails as ``generation`` (no
     retry: the environment is fine), the step's metrics count it there, and the stop names the kind, the count and
     the error; the launcher's line does not point at the environment service's log."""
-    from seal.launch import RunStopped, _naming_the_service
+    from seal.launch.service import RunStopped, _naming_the_service
     from seal.trainer import batch_trajectories, rollout_metrics
 
     FUZZ = repo_script("benchmarks/fuzz_model_output.py")

@@ -18,8 +18,9 @@ from processes import alive, processes, service_and_workers, wait_for
 
 from env_service.client import EnvClient, EnvServiceError
 from env_service.http.service import ServerThread
-from seal import launch
-from seal.launch import PreflightError, compose_recipe, environment_service
+from seal.launch import run_env
+from seal.launch.recipe import PreflightError, compose_recipe
+from seal.launch.service import environment_service
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +140,9 @@ def _answers(client, service_id) -> bool:
 
 OWNER = """
 import sys, time
-from seal.launch import compose_recipe, environment_service, exit_on_termination
+from seal.launch.cli import exit_on_termination
+from seal.launch.recipe import compose_recipe
+from seal.launch.service import environment_service
 
 @exit_on_termination
 def run():
@@ -178,7 +181,7 @@ def test_the_recipes_peak_episodes_are_its_largest_batch_of_episodes():
     """exp/SEAL.yaml: 32 tasks x 8 rollouts a step, the 400 held-out tasks at once in validation (a multiple of the 8
     agent-loop workers: no padding); a run that never validates peaks at its training step; REMAX adds its greedy
     baselines; a validation batch is padded to the workers as verl pads it."""
-    from seal.launch.env_services import peak_episodes
+    from seal.launch.service import peak_episodes
 
     seal = str(ROOT / "exp" / "SEAL.yaml")
     assert peak_episodes(compose_recipe(seal)) == 400
@@ -189,7 +192,7 @@ def test_the_recipes_peak_episodes_are_its_largest_batch_of_episodes():
 
 
 def test_preflight_refuses_service_limits_below_the_recipes_concurrency():
-    from seal.launch import _check_service_limits
+    from seal.launch.preflight import _check_service_limits
 
     def problems(*overrides):
         found = []
@@ -220,7 +223,8 @@ def test_the_launcher_tells_its_service_the_trainers_peak_episodes(tmp_path):
 
 RESTART_BUDGET_OWNER = """
 import sys, time
-from seal.launch import RunStopped, compose_recipe, environment_service
+from seal.launch.recipe import compose_recipe
+from seal.launch.service import RunStopped, environment_service
 
 config = compose_recipe(
     "exp/cpu_tiny.yaml",
@@ -265,18 +269,18 @@ def test_past_its_restart_budget_the_run_stops_with_one_line_naming_why(tmp_path
 def test_each_run_logs_into_its_own_folder_unless_the_user_says_otherwise(tmp_path, monkeypatch):
     """Before: the second run started from one process (a sweep in a notebook, a run after the node services of
     another) found the first run's logger locations in the environment and wrote its metrics into that run's folder."""
-    for key in ("TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH", launch.LOGGERS_OF_RUN):
+    for key in ("TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH", run_env.LOGGERS_OF_RUN):
         monkeypatch.delenv(key, raising=False)
     first, second = tmp_path / "first", tmp_path / "second"
-    launch.set_run_environment(recipe(first))
+    run_env.set_run_environment(recipe(first))
     metrics_file = os.environ["VERL_FILE_LOGGER_PATH"]
     assert Path(metrics_file).parent == first and os.environ["TENSORBOARD_DIR"] == str(first / "tensorboard")
-    launch.set_run_environment(recipe(first))  # the same run again: the same metrics file
+    run_env.set_run_environment(recipe(first))  # the same run again: the same metrics file
     assert os.environ["VERL_FILE_LOGGER_PATH"] == metrics_file
-    launch.set_run_environment(recipe(second))
+    run_env.set_run_environment(recipe(second))
     assert Path(os.environ["VERL_FILE_LOGGER_PATH"]).parent == second
     assert os.environ["TENSORBOARD_DIR"] == str(second / "tensorboard")
-    monkeypatch.delenv(launch.LOGGERS_OF_RUN)  # a fresh process where the user chose where tensorboard writes
+    monkeypatch.delenv(run_env.LOGGERS_OF_RUN)  # a fresh process where the user chose where tensorboard writes
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "mine"))
-    launch.set_run_environment(recipe(first))
+    run_env.set_run_environment(recipe(first))
     assert os.environ["TENSORBOARD_DIR"] == str(tmp_path / "mine")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from seal import launch
-from seal.launch import compose_recipe
+from seal.launch import cli
 from seal.launch.memory_estimate import GIB, KNOWN_SHAPES, ModelShape, estimate, model_shape
+from seal.launch.recipe import compose_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")
@@ -193,7 +193,7 @@ def test_one_dry_run_reports_a_typo_the_disk_and_the_estimate_together(monkeypat
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
     monkeypatch.setattr(memory_estimate, "free_bytes", lambda path: 50 * GIB)
     no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
-    assert launch.main(["--conf", SEAL, "--dry-run", "+seal.apach.enable=false", no_prompts]) == 2
+    assert cli.main(["--conf", SEAL, "--dry-run", "+seal.apach.enable=false", no_prompts]) == 2
     out, err = capsys.readouterr()
     assert (
         "[keys] override +seal.apach.enable=false: seal.apach.enable: no such key; did you mean seal.apatch.enable?"
@@ -236,7 +236,7 @@ def test_kv_capacity_against_a_steps_demand_and_the_papers_value_by_hand(
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
     no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
     assert (
-        launch.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run", no_prompts]) == 2
+        cli.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run", no_prompts]) == 2
     )  # no GPU: printed all the same
     out = capsys.readouterr().out
     train, val = 64 * max_model_len, 100 * max_model_len

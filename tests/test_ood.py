@@ -298,7 +298,7 @@ def test_ood_tasks_are_refused_for_training(env, tmp_path):
     import pyarrow.parquet as pq
     from omegaconf import OmegaConf
 
-    from seal.launch import _check_data
+    from seal.launch.preflight import _check_data
 
     rows = [
         {"prompt": [{"role": "user", "content": t}], "extra_info": {"task_id": t, "split": "train"}}

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from seal.launch import PreflightError, compose_recipe, node_checks, preflight
+from seal.launch import node_checks
+from seal.launch.preflight import preflight
+from seal.launch.recipe import PreflightError, compose_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")

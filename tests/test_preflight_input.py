@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seal.launch import _check_data, _check_model, compose_recipe
 from seal.launch.memory_estimate import checkpoint_disk
+from seal.launch.preflight import _check_data, _check_model
+from seal.launch.recipe import compose_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")

@@ -15,7 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from seal import prompt_budget
-from seal.launch import PreflightError, compose_recipe, preflight
+from seal.launch.preflight import preflight
+from seal.launch.recipe import PreflightError, compose_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "exp").glob("*.yaml"))

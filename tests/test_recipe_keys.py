@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from seal.config import keys
 from seal.config.keys import OPEN_MAPS, Source, file_problems, leaf_keys, recipe_key_problems, unknown_keys
-from seal.launch import main
+from seal.launch.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "exp").glob("*.yaml"))
@@ -78,7 +78,7 @@ def test_the_overrides_seal_eval_checkpoint_passes_name_keys_of_every_recipe(tmp
     """``seal.tiny_model.build=false`` is a key of every recipe now (seal_defaults has the block): on main it failed
     to compose on a GPU recipe, so ``seal.eval checkpoint --model M`` could not run exp/SEAL.yaml at all."""
     from seal.eval.checkpoint import eval_overrides
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     model = tmp_path / "model"
     model.mkdir()

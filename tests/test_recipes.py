@@ -7,7 +7,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from seal.config.checks import value_problems
-from seal.launch import PreflightError, compose_recipe, main, preflight
+from seal.launch.cli import main
+from seal.launch.preflight import preflight
+from seal.launch.recipe import PreflightError, compose_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "exp").glob("*.yaml"))
@@ -298,7 +300,7 @@ def test_preflight_rejects_batches_that_cannot_split():
 
 
 def test_launcher_reports_bad_overrides_without_a_traceback(capsys):
-    from seal.launch import main
+    from seal.launch.cli import main
 
     assert main(["--conf", str(ROOT / "exp" / "SEAL.yaml"), "no.such.key=1"]) == 2
     err = capsys.readouterr().err
@@ -308,7 +310,7 @@ def test_launcher_reports_bad_overrides_without_a_traceback(capsys):
 
 
 def test_launcher_refuses_an_unreachable_environment_service(capsys):
-    from seal.launch import main
+    from seal.launch.cli import main
 
     rc = main(["--conf", str(ROOT / "exp" / "cpu_tiny.yaml"), "env_service.url=http://127.0.0.1:9"])
     err = capsys.readouterr().err

@@ -18,7 +18,7 @@ import pytest
 
 from seal import paper_numbers as paper
 from seal.eval.tau2 import tau2_python
-from seal.launch import compose_recipe
+from seal.launch.recipe import compose_recipe
 from seal.report import reproduction
 from seal.report.reproduction import leaves
 from seal.results.records import load_records

@@ -19,7 +19,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from env_service.client import InProcessEnvClient
 from seal.agent_loop import BfclAgentLoop
-from seal.launch import compose_recipe
+from seal.launch.recipe import compose_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]

@@ -16,7 +16,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from seal.apatch import DEFAULT_TAG_WEIGHTS as WEIGHTS
 from seal.env_clients import env_client
-from seal.launch import compose_recipe
+from seal.launch.recipe import compose_recipe
 from seal.results.runs import read_metrics
 from seal.trainer import SealTrainer, batch_trajectories
 

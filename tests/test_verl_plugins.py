@@ -95,7 +95,7 @@ def test_cpu_runtime_env_reaches_every_worker_and_keeps_user_modules(monkeypatch
 def test_cpu_recipe_carries_the_cpu_settings():
     from pathlib import Path
 
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     cfg = compose_recipe(str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml"))
     assert (cfg.trainer.device, cfg.trainer.use_v1, cfg.actor_rollout_ref.rollout.name) == ("cpu", False, "hf")

@@ -108,35 +108,34 @@ def big_node(tmp_path, monkeypatch):
 
 
 def test_the_launcher_passes_the_sized_workers_and_waits_as_long_as_they_take(big_node, monkeypatch, tmp_path):
-    from seal.launch import env_services
+    from seal.launch import service
 
     waited = []
-    monkeypatch.setattr(env_services.LocalService, "_spawn", lambda self: None)
-    monkeypatch.setattr(env_services, "wait_healthy", lambda url, proc, service_id, timeout_s: waited.append(timeout_s))
-    service = env_services.LocalService(str(tmp_path / "secret"), "id", flags=["--peak-episodes", "256"])
+    monkeypatch.setattr(service.LocalService, "_spawn", lambda self: None)
+    monkeypatch.setattr(service, "wait_healthy", lambda url, proc, service_id, timeout_s: waited.append(timeout_s))
+    local = service.LocalService(str(tmp_path / "secret"), "id", flags=["--peak-episodes", "256"])
     try:
-        service.start()
+        local.start()
     finally:
-        service._listener.close()
-    assert service.flags[service.flags.index("--workers") + 1] == str(len(NODE_CPUS))
+        local._listener.close()
+    assert local.flags[local.flags.index("--workers") + 1] == str(len(NODE_CPUS))
     assert waited == [start_wait_s(len(NODE_CPUS))]
 
 
 def test_the_launcher_keeps_workers_the_recipe_sets(big_node, tmp_path):
-    from seal.launch import env_services
+    from seal.launch import service
 
-    service = env_services.LocalService(
-        str(tmp_path / "secret"), "id", flags=["--workers", "6", "--peak-episodes", "256"]
-    )
-    service._listener.close()
-    assert service.flags.count("--workers") == 1
-    assert service.workers.workers == 6
-    assert service.workers.start_wait_s == start_wait_s(6)
+    local = service.LocalService(str(tmp_path / "secret"), "id", flags=["--workers", "6", "--peak-episodes", "256"])
+    local._listener.close()
+    assert local.flags.count("--workers") == 1
+    assert local.workers.workers == 6
+    assert local.workers.start_wait_s == start_wait_s(6)
 
 
 def test_the_dry_run_prints_the_workers_their_memory_and_why(big_node, capsys):
-    from seal.launch import compose_recipe, dry_run
-    from seal.launch.env_services import peak_episodes
+    from seal.launch.cli import dry_run
+    from seal.launch.recipe import compose_recipe
+    from seal.launch.service import peak_episodes
 
     assert peak_episodes(compose_recipe("exp/SEAL.yaml")) > len(NODE_CPUS)  # so the CPUs set the number
     dry_run("exp/SEAL.yaml", [])

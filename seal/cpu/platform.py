@@ -336,7 +336,7 @@ def _unpin_cpu_offload() -> None:
 
 # Env for every Ray worker. The trainer's workers inherit the driver's environment when the driver
 # starts the local Ray cluster, but an existing cluster (`ray start`) would not, so a launcher also
-# passes these through `ray_kwargs.ray_init.runtime_env.env_vars` (seal.launch.run_environment).
+# passes these through `ray_kwargs.ray_init.runtime_env.env_vars` (seal.launch.run_env.run_environment).
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",
     # Belt and braces for the entry point: verl also imports modules named here, so the

@@ -161,6 +161,33 @@ def warm_start_spec(
     }
 
 
+def build_recipe_model(config) -> None:
+    """A CPU recipe's tiny model (``seal.tiny_model`` with ``build``), built offline at its ``out_dir``, then
+    warm-started at ``warm_start.out_dir`` when the recipe names one (supervised steps on the ground-truth episodes
+    of its tasks in the recipe's environment, ``env_service.bfcl``). Both are cached: a call with the same spec
+    returns at once."""
+    tiny = config.seal.get("tiny_model")
+    if not (tiny and tiny.get("build")):
+        return
+    from omegaconf import OmegaConf
+
+    from seal.cpu.tiny_model import build_tiny_model
+
+    build_tiny_model(tiny.out_dir, seed=int(tiny.seed), shape=tiny.get("shape", "default"))
+    warm = tiny.get("warm_start")
+    if warm and warm.get("out_dir"):
+        warm_start(
+            tiny.out_dir,
+            warm.out_dir,
+            list(warm.tasks),
+            OmegaConf.to_container(config.env_service.bfcl, resolve=True),
+            int(warm.steps),
+            float(warm.lr),
+            int(tiny.seed),
+            OmegaConf.to_container(warm.get("decoys") or {}, resolve=True),
+        )
+
+
 def warm_start(
     base_dir: str | Path,
     out_dir: str | Path,

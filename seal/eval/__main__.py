@@ -305,7 +305,7 @@ def evaluate(args) -> int:
     it was refused before any episode ran (then it leaves no folder it made)."""
     model = args.model if args.command == "checkpoint" else getattr(args, "serve", None)
     if model:
-        from seal.launch import model_problem
+        from seal.launch.preflight import model_problem
 
         problem, _ = model_problem(model)  # before anything is written, loaded or served
         if problem:

@@ -99,17 +99,19 @@ def prompt_fit_overrides(recipe: str, overrides: list[str]) -> list[str]:
     Nothing when they fit, or when the overrides set the budget themselves (then preflight names the keys)."""
     from omegaconf import OmegaConf
 
-    from seal import launch, prompt_budget
+    from seal import prompt_budget
+    from seal.launch.preflight import _as_list
+    from seal.launch.recipe import compose_recipe
 
     if any(o.lstrip("+").split("=", 1)[0] in PROMPT_KEYS for o in overrides):
         return []
     try:
-        config = launch.compose_recipe(recipe, overrides)
+        config = compose_recipe(recipe, overrides)
         budget = int(config.data.max_prompt_length)
     except Exception:  # noqa: BLE001 - a recipe or override that cannot run: the launcher says why, in one line
         return []
     model = config.actor_rollout_ref.model
-    episodes = prompt_budget.run_episodes(launch._as_list(config.data.val_files))
+    episodes = prompt_budget.run_episodes(_as_list(config.data.val_files))
     bfcl = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
     longest = prompt_budget.longest(str(model.path), bfcl, episodes, model.get("custom_chat_template"))
     needed = max((p.required for p in longest.values()), default=0)
@@ -137,7 +139,7 @@ def run_checkpoint(
     progress: bool = True,
 ) -> int:
     """Validate ``task_ids`` (the caller leaves out finished ones); returns the launcher's exit status."""
-    from seal import launch
+    from seal.launch.cli import main
 
     val_file = write_eval_dataset(task_ids, os.path.join(out_dir, "eval_tasks.parquet"))
     os.makedirs(os.path.join(out_dir, "run"), exist_ok=True)  # verl's file logger does not create its folder
@@ -147,7 +149,7 @@ def run_checkpoint(
     watcher = threading.Thread(target=_progress, args=(results_path, len(task_ids), stop, progress), daemon=True)
     watcher.start()
     try:
-        return launch.main(["--conf", recipe or default_recipe(), *overrides])
+        return main(["--conf", recipe or default_recipe(), *overrides])
     finally:
         stop.set()
         watcher.join(timeout=5)

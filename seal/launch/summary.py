@@ -75,8 +75,8 @@ def _env_service(config):
     if config.env_service.url:
         yield f"environment service: yours at {config.env_service.url} (none started)"
         return
-    from seal.launch.env_services import serve_options, service_workers
     from seal.launch.multinode import on_a_cluster
+    from seal.launch.service import serve_options, service_workers
 
     where = "on each node (sized there; this node's)" if on_a_cluster(config) else "on this node"
     yield f"environment service {where}: {service_workers(serve_options(config)).describe()}"

@@ -223,7 +223,7 @@ def _planned_steps(recipe: str, switches: tuple[str, ...]) -> int:
 @functools.cache
 def composed(recipe: str, switches: tuple[str, ...] = ()):
     """``recipe`` composed with ``switches`` (once: the plan's rows share recipes; read it, do not change it)."""
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     return compose_recipe(str(REPO / recipe), list(switches))
 
@@ -501,7 +501,7 @@ def _swap_file() -> dict:
 
 @functools.cache
 def _prompt_mode(recipe: str) -> str:
-    from seal.launch import compose_recipe
+    from seal.launch.recipe import compose_recipe
 
     return str(compose_recipe(str(REPO / recipe)).env_service.bfcl.tool_prompt_mode)
 

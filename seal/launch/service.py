@@ -1,10 +1,12 @@
-"""The run's environment services: started, recognised and stopped here; found by the agent loop.
+"""The run's environment services: started, recognised, supervised and stopped here; found by the agent loop.
 
-One node: the launcher starts one ``python -m env_service serve`` on 127.0.0.1 (a free port unless
-``env_service.port`` names one). On a Ray cluster (``seal.launch.multinode.on_a_cluster``): one service per
-node, each on its own node's loopback and owned by a Ray actor pinned to that node; ``env_service.nodes``
-maps Ray node id -> URL; how the run's workers find them is :mod:`seal.env_clients`. Each is supervised
-(``LocalService.supervise``: restarted when it dies or hangs, within a budget), on a port its owner holds.
+``environment_service`` is the run's: the service named by ``env_service.url``, or services started for this run
+only and stopped with it. One node: the launcher starts one ``python -m env_service serve`` on 127.0.0.1 (a free
+port unless ``env_service.port`` names one). On a Ray cluster (``seal.launch.multinode.on_a_cluster``): one service
+per node, each on its own node's loopback and owned by a Ray actor pinned to that node; ``env_service.nodes`` maps
+Ray node id -> URL; how the run's workers find them is :mod:`seal.env_clients`. Each is supervised
+(``LocalService.supervise``: restarted when it dies or hangs, within a budget), on a port its owner holds; one past
+its budget stops the run (``RunStopped``, naming it and its log).
 
 Every service gets the run's shared secret (a file only its owner can read, never a command-line
 argument or a log line) and a fresh service id that ``/health`` echoes: a different server answering on
@@ -24,10 +26,14 @@ import threading
 import time
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from env_service.client import EnvClient, EnvServiceError, make_client
 from env_service.http.auth import check_secret_handle, open_secret
 from env_service.workers.sizing import WorkerSizing, size_workers
 from seal.env_clients import ACTOR_NAMESPACE, actor_name
+from seal.launch.recipe import PreflightError
+from seal.launch.run_env import connect_ray
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -476,7 +482,171 @@ def stop_node_services(service_id: str, node_ids) -> None:
     _HANDLES.pop(service_id, None)
 
 
+# ---- the run's service ----------------------------------------------------------------------------------
+
+
+class RunStopped(RuntimeError):
+    """A run that stopped for a cause its one-line message names."""
+
+
+@contextlib.contextmanager
+def environment_service(config: DictConfig):
+    """The run's environment service; yields its URL and fills ``env_service.run_id``/``secret_file``/...
+
+    ``env_service.url`` set: that service (it must answer /health); its secret, if any, comes from
+    ``env_service.secret_file`` or ``$SEAL_ENV_SECRET``. Otherwise services started for this run only, with
+    a fresh secret (a 0600 file in the run directory, never printed) and a fresh identity checked in
+    /health: one on this machine's loopback, or one per Ray node when ``trainer.nnodes > 1``. Each is restarted
+    when it dies and exits with its owner (``LocalService``); a run stopped for environment failures ends with
+    ``RunStopped``, one line naming the service and its log (docs/faults.md).
+    """
+    from env_service.http.auth import resolve_secret
+
+    env = config.env_service
+    env.run_id = env.run_id or f"{config.trainer.experiment_name}-{new_service_id()}"
+    if env.url:
+        try:
+            EnvClient(env.url, timeout_s=5, retries=1, secret=resolve_secret(secret_file=env.secret_file)).health()
+        except Exception as exc:
+            raise PreflightError(f"env_service.url {env.url!r} is not reachable: {exc}") from exc
+        with _naming_the_service(lambda: f"the environment service at {env.url} (yours: its log is where you keep it)"):
+            yield env.url
+        return
+    run_dir = Path(config.seal.run_dir).resolve()  # workers on any node read the secret file by this path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    secret = new_secret()
+    env.secret_file = write_secret(run_dir / "env_service.secret", secret)
+    env.service_id = new_service_id()
+    try:
+        from seal.launch.multinode import on_a_cluster
+
+        starter = _node_services if on_a_cluster(config) else _local_service
+        with starter(config, secret) as url:
+            yield url
+    except ServiceStartError as exc:
+        raise PreflightError(str(exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(env.secret_file)
+
+
+@contextlib.contextmanager
+def _local_service(config: DictConfig, secret: str):
+    from env_service.http.auth import SECRET_ENV
+
+    env = config.env_service
+    log_path = Path(config.seal.run_dir) / "env_service.log"
+    service = LocalService(
+        env.secret_file,
+        env.service_id,
+        port=env.port,
+        flags=serve_flags(serve_options(config)),
+        log_path=log_path,
+        host=str(env.host),
+    ).start()
+    print(f"[seal] environment service up at {service.url} (pid {service.proc.pid}, log {log_path})")
+    service.supervise(
+        report=lambda line: print(f"[seal] {line}", flush=True),
+        on_give_up=lambda why: _interrupt_main(),  # the run stops wherever it waits; service.gave_up says why
+        **_supervision(env.supervise),
+    )
+    # The clients of this process and of the local Ray cluster it starts (which inherits the environment)
+    # default to $SEAL_ENV_SECRET; env_service.secret_file also names it, for processes started elsewhere.
+    previous = os.environ.get(SECRET_ENV)
+    os.environ[SECRET_ENV] = secret
+    try:
+        with _naming_the_service(service.describe):
+            yield service.url
+    except KeyboardInterrupt:
+        if service.gave_up:
+            raise RunStopped(service.gave_up) from None
+        raise
+    finally:
+        service.stop()
+        if previous is None:
+            os.environ.pop(SECRET_ENV, None)
+        else:
+            os.environ[SECRET_ENV] = previous
+
+
+def _interrupt_main() -> None:
+    """Stop the launcher's main thread as Ctrl-C would (a real SIGINT wakes it from any wait: a sleep, Ray's get),
+    so the run leaves through its ``finally`` blocks."""
+    import signal
+
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _node_services(config: DictConfig, secret: str):
+    """One service per Ray node, each owned by an actor of this process's Ray connection, the run's driver: the
+    launcher connects once, as verl's ``run_ppo`` would (``connect_ray``; run_ppo then uses that connection), so
+    the actors end with the launcher however it ends (SIGKILL included: Ray ends a driver's actors with it, and
+    each service exits with its actor). The launcher watches them; one whose restart budget is spent stops the run."""
+    import ray
+
+    env = config.env_service
+    connect_ray(config)
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        env.nodes = start_node_services(
+            secret, env.service_id, serve_flags(serve_options(config)), _supervision(env.supervise)
+        )
+        print(f"[seal] {len(env.nodes)} environment services up, one per node: {dict(env.nodes)}")
+        services = f"the environment services {dict(env.nodes)} (each logs to env_service.log in a seal-env-* folder)"
+        gave_up: list[str] = []
+        watching = threading.Event()
+
+        def watch():  # a service past its restart budget: the run stops, naming it
+            while not watching.wait(WATCH_S):
+                gave_up.extend(node_services_given_up(env.service_id, list(env.nodes)))
+                if gave_up:
+                    _interrupt_main()
+                    return
+
+        threading.Thread(target=watch, name="env-services-watch", daemon=True).start()
+        try:
+            with _naming_the_service(lambda: services):
+                yield env.nodes.get(here) or next(iter(env.nodes.values()))
+        except KeyboardInterrupt:
+            if gave_up:
+                raise RunStopped(gave_up[0]) from None
+            raise
+        finally:
+            watching.set()
+            stop_node_services(env.service_id, list(env.nodes))
+    finally:
+        ray.shutdown()
+
+
+#: How often the launcher asks its node services whether one has given up.
+WATCH_S = 5.0
+
+
+def _supervision(supervise) -> dict:
+    """``env_service.supervise`` as ``LocalService.supervise`` takes it."""
+    return {"max_restarts": int(supervise.max_restarts), "unresponsive_s": float(supervise.unresponsive_s)}
+
+
+@contextlib.contextmanager
+def _naming_the_service(describe):
+    """A run that stops for failed episodes (``TooManyFailedEpisodes``, raised in the trainer and delivered here
+    wrapped in Ray's task error) says so in one line; when the environment failed them, naming the service
+    (``describe()``) and its log (a generation or agent-loop failure has nothing to do with the service's log)."""
+    try:
+        yield
+    except Exception as exc:
+        from seal.failed_episodes import ENVIRONMENT, TooManyFailedEpisodes
+
+        if not isinstance(exc, TooManyFailedEpisodes):
+            raise
+        cause = getattr(exc, "cause", None) or exc
+        where = f"; {describe()}" if getattr(cause, "kind", ENVIRONMENT) == ENVIRONMENT else ""
+        raise RunStopped(f"{cause}{where}") from None
+
+
 __all__ = [
+    "environment_service",
     "LocalService",
     "NodeService",
     "node_services_given_up",
@@ -486,6 +656,7 @@ __all__ = [
     "new_secret",
     "new_service_id",
     "peak_episodes",
+    "RunStopped",
     "serve_flags",
     "serve_options",
     "start_node_services",
