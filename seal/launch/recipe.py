@@ -14,7 +14,9 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, open_dict
 
-AGENT_LOOPS_YAML = Path(__file__).resolve().parents[1] / "config" / "agent_loops.yaml"
+#: The checkout the recipes (``exp/``) and the service's entry point are found in.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AGENT_LOOPS_YAML = REPO_ROOT / "seal" / "config" / "agent_loops.yaml"
 AGENT_LOOP_MANAGER = "seal.failed_episodes.SealAgentLoopManager"
 
 

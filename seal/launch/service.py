@@ -32,10 +32,9 @@ from env_service.client import EnvClient, EnvServiceError, make_client
 from env_service.http.auth import check_secret_handle, open_secret
 from env_service.workers.sizing import WorkerSizing, size_workers
 from seal.env_clients import ACTOR_NAMESPACE, actor_name
-from seal.launch.recipe import PreflightError
+from seal.launch.recipe import REPO_ROOT, PreflightError
 from seal.launch.run_env import connect_ray
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 #: How long Ray may take to start the actor that owns a node's service (its worker process, imports): the 300 s the
 #: launcher waited for node services before their start wait was sized, less the 120 s service wait that held.

@@ -12,7 +12,7 @@ import math
 
 from omegaconf import OmegaConf
 
-from seal.launch import REPO_ROOT, compose_recipe
+from seal.launch.recipe import REPO_ROOT, compose_recipe
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
