@@ -337,9 +337,11 @@ def run_arm(
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
+    from seal.failed_episodes import SEAL_GRPO  # registers the recipe's estimator with verl
+
     actor, algorithm = released_actor()
-    if algorithm.adv_estimator != "grpo":
-        raise SystemExit(f"the released recipe's estimator is {algorithm.adv_estimator}, Stage A expects grpo")
+    if algorithm.adv_estimator != SEAL_GRPO:
+        raise SystemExit(f"the released recipe's estimator is {algorithm.adv_estimator}, Stage A expects {SEAL_GRPO}")
     model.load_state_dict(start.weights)
     model.train()
     opt = make_optimizer(optimizer, model.parameters(), actor, lr)
@@ -364,9 +366,7 @@ def run_arm(
         trainer = seal_trainer(Path(workdir), overrides, steps_per_epoch=updates)
         for step in range(1, updates + 1):
             batch = make_batch(candidates, rows, group_size)
-            batch = compute_advantage(
-                batch, algorithm.adv_estimator, norm_adv_by_std_in_grpo=bool(algorithm.norm_adv_by_std_in_grpo)
-            )
+            batch = compute_advantage(batch, algorithm.adv_estimator, config=algorithm)
             grpo = batch.batch["advantages"].clone()
             trainer.global_steps = step
             trainer._seal_step(batch)

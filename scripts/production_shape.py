@@ -491,7 +491,8 @@ class TrainerSide:
         algorithm, rollout = self.config.algorithm, self.config.actor_rollout_ref.rollout
         start = time.perf_counter()
         batch = batch.repeat(repeat_times=int(rollout.n), interleave=True).union(output)
-        batch.batch["response_mask"] = compute_response_mask(batch)
+        if "response_mask" not in batch.batch.keys():  # as fit: the agent loop's mask (a failed episode's is empty)
+            batch.batch["response_mask"] = compute_response_mask(batch)
         metrics: dict = {}
         if self.config.trainer.balance_batch:
             self.trainer._balance_batch(batch, metrics=metrics)

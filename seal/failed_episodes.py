@@ -11,7 +11,8 @@ and a kind (``seal_failure_kind``, one of :data:`FAILURE_KINDS`) with its first 
 Reward 0 would still be wrong twice over:
 
 - in training it would enter its GRPO group's mean and standard deviation and shift every other member's
-  advantage; ``regroup_without_failed`` recomputes the group statistics as if the failed episode were absent;
+  advantage; the recipe's estimator, ``seal_grpo`` (registered with verl, which computes it in ``fit``), is verl's
+  GRPO with every failed episode out of its group;
 - in validation it would count as a wrong answer and could move the best checkpoint;
   ``split_validation_failures`` takes such tasks out of the accuracy and reports them apart, per kind;
 - each kind has its own stop: when the share of a validation's or a training step's episodes that failed for one kind
@@ -36,7 +37,7 @@ from collections import Counter
 import numpy as np
 import torch
 from verl.experimental.agent_loop import AgentLoopManager
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from seal.resume import seed_samples
 
@@ -104,34 +105,37 @@ def failed_mask(batch) -> np.ndarray:
     return np.asarray(batch.non_tensor_batch["seal_failed"], dtype=bool)
 
 
-def regroup_without_failed(batch, norm_adv_by_std: bool) -> int:
-    """Recompute verl's GRPO advantages with every failed episode moved into a group of its own.
+#: ``algorithm.adv_estimator`` of the recipes: verl's GRPO with failed episodes out of their groups.
+SEAL_GRPO = "seal_grpo"
 
-    verl's ``compute_grpo_outcome_advantage`` is called exactly as verl calls it, only with a different group
-    index: a failed episode alone in its group gets advantage 0 (reward 0, mean 0), and the other members of its
-    original group get the statistics of the group without it. Groups without failures are unchanged.
-    A group left with one usable member has nothing to compare it with: verl would give that lone survivor
-    mean 0 and std 1, i.e. its raw reward as advantage (which A-Patch could then scale up), so it gets 0.
-    Returns the number of failed episodes.
+
+@register_adv_est(SEAL_GRPO)
+def grpo_without_failed(token_level_rewards, response_mask, index, config=None, **_):
+    """verl's GRPO advantages (``compute_grpo_outcome_advantage``, called as verl calls it for ``grpo``) with every
+    episode that could not run in a group of its own.
+
+    A failed episode is the row with no token in the loss: the agent loop gives it an empty loss mask (and so does
+    verl's sequence-level rollout rejection, when a recipe turns it on: a sequence it rejects whole is not trained and
+    is left out of the baseline too). Alone in its group it gets advantage 0 (reward 0, mean 0), and the other members
+    of its original group get the statistics of the group without it; groups without one are verl's GRPO exactly.
+    A group left with one usable member has nothing to compare it with: verl would give that lone survivor mean 0 and
+    std 1, i.e. its raw reward as advantage (which A-Patch could then scale up), so it gets 0.
     """
-    failed = failed_mask(batch)
-    if not failed.any():
-        return 0
-    uids = np.array(batch.non_tensor_batch["uid"], dtype=object)
-    index = uids.copy()
-    index[failed] = [f"seal-failed-{i}" for i in np.flatnonzero(failed)]
+    failed = (response_mask.sum(dim=-1) == 0).cpu().numpy()
+    uids = np.array(index, dtype=object)
+    groups = uids.copy()
+    groups[failed] = [f"seal-failed-{i}" for i in np.flatnonzero(failed)]
     advantages, returns = compute_grpo_outcome_advantage(
-        token_level_rewards=batch.batch["token_level_rewards"],
-        response_mask=batch.batch["response_mask"],
-        index=index,
-        norm_adv_by_std_in_grpo=norm_adv_by_std,
+        token_level_rewards=token_level_rewards,
+        response_mask=response_mask,
+        index=groups,
+        norm_adv_by_std_in_grpo=True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True)),
     )
-    lone = lone_survivors(uids, failed)
-    advantages[lone] = 0.0
-    returns[lone] = 0.0
-    batch.batch["advantages"] = advantages
-    batch.batch["returns"] = returns
-    return int(failed.sum())
+    if failed.any():
+        lone = lone_survivors(uids, failed)
+        advantages[lone] = 0.0
+        returns[lone] = 0.0
+    return advantages, returns
 
 
 def failure_kinds(batch) -> np.ndarray:
@@ -150,7 +154,7 @@ def stop_if_too_many_failed(batch, step: int, shares: dict[str, float]) -> None:
 
 
 def lone_survivors(uids: np.ndarray, failed: np.ndarray) -> torch.Tensor:
-    """Rows that are the only usable member of a group that lost members to environment failures."""
+    """Rows that are the only usable member of a group that lost members to failed episodes."""
     survivors = Counter(uids[~failed].tolist())
     lost = set(uids[failed].tolist())
     return torch.as_tensor([not f and u in lost and survivors[u] < 2 for u, f in zip(uids.tolist(), failed)])
@@ -213,7 +217,8 @@ __all__ = [
     "TooManyFailedEpisodes",
     "failed_mask",
     "failure_shares",
-    "regroup_without_failed",
+    "SEAL_GRPO",
+    "grpo_without_failed",
     "raise_if_too_many",
     "split_validation_failures",
     "stop_if_too_many_failed",

@@ -5,13 +5,14 @@ One training step (verl's ``fit`` drives it; this class adds the SEAL parts):
     1. rollout   — verl's agent loop runs ``seal_bfcl`` episodes against the environment service
                    (``seal/agent_loop.py``): 0/1 verdict as reward, per-turn diagnosis in ``seal_*`` fields;
     2. verify    — the service's official BFCL verdict is the reward (``rm_scores`` from the agent loop);
-    3. advantage — verl's GRPO (``algorithm.adv_estimator: grpo``); episodes that could not run (any failure kind) are
-                   taken out of their group's statistics (``seal/failed_episodes.py``);
+    3. advantage — verl's GRPO, computed by verl in ``fit`` with the estimator registered as
+                   ``algorithm.adv_estimator: seal_grpo``: episodes that could not run (any failure kind) are taken out
+                   of their group's statistics (``seal/failed_episodes.py``);
     4. diagnose  — ``_seal_step``: the batch's tags feed the capability state (closed loop: dynamic tag weights);
     5. A-Patch   — ``_seal_step``: each trajectory's advantage is scaled by clip(mean tag weight) (``seal/apatch.py``);
     6. update    — verl's actor update (FSDP2 engine), unchanged.
 
-Step 3's regrouping and steps 4–5 run in ``_update_actor``: verl calls it right after the GRPO advantages are computed and before the
+Steps 4–5 run in ``_update_actor``: verl calls it right after the GRPO advantages are computed and before the
 policy update, so overriding it (and nothing of ``fit``) places them exactly where the paper does.
 Around the step: its training metrics on disk before its validation (``_write_step_metrics``), validation
 metrics over the episodes the environment could run (``_val_metrics_update``),
@@ -44,7 +45,7 @@ from seal.capability_state import CapabilityState
 from seal.config.checks import rule_problem
 from seal.diagnostics import DiagnosticStats
 from seal.env_clients import env_client, profile_client
-from seal.failed_episodes import FAILURE_KINDS, failure_shares, regroup_without_failed, split_validation_failures
+from seal.failed_episodes import FAILURE_KINDS, failure_shares, split_validation_failures
 from seal.results.figures import run_figures
 from seal.resume import resume_data_order, train_sampler, truncate_metric_files
 from seal.units import disk_size
@@ -123,8 +124,6 @@ class SealTrainer(RayPPOTrainer):
         metrics = rollout_metrics(trajectories)
         for kind, error in sorted({(t["failure_kind"], t["error"]) for t in trajectories if t["failed"]}):
             logger.warning("step %d: episodes failed (kind %s): %s", self.global_steps, kind, error)
-        if self.config.algorithm.adv_estimator == "grpo":  # failed episodes leave their group's statistics
-            regroup_without_failed(batch, bool(self.config.algorithm.norm_adv_by_std_in_grpo))
         if self.diagnosis_enabled:
             epoch = self._epoch_of(self.global_steps)
             self._start_epoch_window(epoch)

@@ -9,15 +9,16 @@ import torch
 from omegaconf import OmegaConf
 from processes import repo_script
 from verl import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from seal.apatch import apply_apatch
 from seal.failed_episodes import (
     FAILED_KEY,
     FAILURE_KINDS,
     KIND_KEY,
+    SEAL_GRPO,
     TooManyFailedEpisodes,
     failure_shares,
-    regroup_without_failed,
     split_validation_failures,
     stop_if_too_many_failed,
 )
@@ -30,15 +31,14 @@ def shares(env: float = 0.02, other: float = 0.02) -> dict:
 
 
 def make_batch(rewards, uids, failed, length=3, kind="environment"):
-    """Outcome rewards on the last response token, as verl's reward manager places them; failed rows of ``kind``."""
+    """Outcome rewards on the last response token, as verl's reward manager places them; failed rows of ``kind``,
+    with the empty loss mask the agent loop gives an episode that could not run (tests/test_agent_loop.py)."""
     scores = torch.zeros(len(rewards), length)
     scores[:, -1] = torch.tensor(rewards, dtype=torch.float32)
+    mask = torch.ones(len(rewards), length)
+    mask[torch.tensor(failed, dtype=torch.bool)] = 0
     return DataProto.from_dict(
-        tensors={
-            "token_level_rewards": scores,
-            "response_mask": torch.ones(len(rewards), length),
-            "advantages": torch.full((len(rewards), length), 99.0),
-        },
+        tensors={"token_level_rewards": scores, "response_mask": mask},
         non_tensors={
             "uid": np.array(uids, dtype=object),
             "seal_failed": np.array(failed, dtype=object),
@@ -46,6 +46,14 @@ def make_batch(rewards, uids, failed, length=3, kind="environment"):
             "seal_error": np.array([f"{kind} broke" if f else "" for f in failed], dtype=object),
         },
     )
+
+
+def advantages(batch, estimator=SEAL_GRPO, norm_adv_by_std=True) -> torch.Tensor:
+    """The batch's advantages as verl's ``fit`` computes them, with the recipe's estimator looked up by name."""
+    config = OmegaConf.create({"adv_estimator": estimator, "norm_adv_by_std_in_grpo": norm_adv_by_std})
+    return compute_advantage(batch, estimator, norm_adv_by_std_in_grpo=norm_adv_by_std, config=config).batch[
+        "advantages"
+    ]
 
 
 def grpo_by_hand(rewards):
@@ -58,21 +66,20 @@ def test_failed_episode_is_left_out_of_its_group():
     rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     uids = ["a", "a", "a", "a", "b", "b"]
     failed = [False, False, False, True, False, False]
-    batch = make_batch(rewards, uids, failed)
-    assert regroup_without_failed(batch, norm_adv_by_std=True) == 1
-    adv = batch.batch["advantages"][:, 0].numpy()
+    adv = advantages(make_batch(rewards, uids, failed))[:, 0].numpy()
     # group a as if the failed episode had never been there: three members, not four
     np.testing.assert_allclose(adv[:3], grpo_by_hand(rewards[:3]), rtol=1e-5)
     assert adv[3] == 0.0  # the failed episode carries no signal
     np.testing.assert_allclose(adv[4:], grpo_by_hand(rewards[4:]), rtol=1e-5)  # other groups unchanged
-    # ... which differs from what the group with the failed reward-0 episode would give
-    assert not np.allclose(adv[:3], grpo_by_hand(rewards[:4])[:3])
+    # ... which differs from what verl's GRPO gives, with the failed reward-0 episode in its group
+    verl_grpo = advantages(make_batch(rewards, uids, failed), estimator="grpo")[:, 0].numpy()
+    np.testing.assert_allclose(verl_grpo[:3], grpo_by_hand(rewards[:4])[:3], rtol=1e-5)
+    assert not np.allclose(adv[:3], verl_grpo[:3])
 
 
 def test_without_std_normalisation_only_the_mean_is_removed():
     batch = make_batch([1.0, 0.0, 0.0], ["a", "a", "a"], [False, False, True])
-    regroup_without_failed(batch, norm_adv_by_std=False)
-    np.testing.assert_allclose(batch.batch["advantages"][:, 0].numpy(), [0.5, -0.5, 0.0], atol=1e-6)
+    np.testing.assert_allclose(advantages(batch, norm_adv_by_std=False)[:, 0].numpy(), [0.5, -0.5, 0.0], atol=1e-6)
 
 
 @pytest.mark.parametrize("norm_adv_by_std", [True, False])
@@ -80,8 +87,7 @@ def test_a_lone_survivor_of_a_failed_group_gets_no_advantage(norm_adv_by_std):
     # group a: three of four episodes failed on the environment side, the survivor has reward 1
     rewards = [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
     batch = make_batch(rewards, ["a", "a", "a", "a", "b", "b"], [True, True, False, True, False, False])
-    regroup_without_failed(batch, norm_adv_by_std=norm_adv_by_std)
-    adv = batch.batch["advantages"]
+    adv = advantages(batch, norm_adv_by_std=norm_adv_by_std)
     # nothing to compare the survivor with: no signal, not its raw reward (verl's one-member group: mean 0, std 1)
     assert torch.all(adv[:4] == 0.0) and torch.all(batch.batch["returns"][:4] == 0.0)
     expected_b = grpo_by_hand(rewards[4:]) if norm_adv_by_std else np.array(rewards[4:]) - np.mean(rewards[4:])
@@ -91,10 +97,12 @@ def test_a_lone_survivor_of_a_failed_group_gets_no_advantage(norm_adv_by_std):
     assert torch.all(scaled[:4] == 0.0)
 
 
-def test_a_batch_without_failures_is_left_alone():
-    batch = make_batch([1.0, 0.0], ["a", "a"], [False, False])
-    assert regroup_without_failed(batch, norm_adv_by_std=True) == 0
-    assert torch.all(batch.batch["advantages"] == 99.0)
+@pytest.mark.parametrize("norm_adv_by_std", [True, False])
+def test_a_batch_without_failures_gets_verls_grpo(norm_adv_by_std):
+    rewards, uids = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0], ["a", "a", "a", "b", "b", "b"]
+    ours = advantages(make_batch(rewards, uids, [False] * 6), norm_adv_by_std=norm_adv_by_std)
+    verl_grpo = advantages(make_batch(rewards, uids, [False] * 6), "grpo", norm_adv_by_std=norm_adv_by_std)
+    assert torch.equal(ours, verl_grpo)
 
 
 def validation_inputs(failed_flags, kind="environment"):

@@ -26,7 +26,8 @@ RELEASED_RECIPE = {
     "data.truncation": ("data.truncation", "error"),
     "data.shuffle": ("data.shuffle", True),
     "data.validation_shuffle": ("data.validation_shuffle", False),
-    "algorithm.adv_estimator": ("algorithm.adv_estimator", "grpo"),
+    # verl's GRPO under the name it is registered with: failed episodes out of their groups (identical without one)
+    "algorithm.adv_estimator": ("algorithm.adv_estimator", "seal_grpo"),
     "algorithm.norm_adv_by_std_in_grpo": ("algorithm.norm_adv_by_std_in_grpo", True),
     "algorithm.use_kl_in_reward": ("algorithm.use_kl_in_reward", False),
     "algorithm.kl_ctrl.kl_coef": ("algorithm.kl_ctrl.kl_coef", 0.0),
@@ -346,3 +347,10 @@ def test_fractional_knobs_verl_writes_with_integer_defaults_pass():
         ["actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.actor.entropy_coeff=0.001"],
     )
     assert value_problems(cfg) == []
+
+
+def test_verls_plain_grpo_is_allowed_with_a_warning_that_failed_episodes_enter_their_groups():
+    plain = compose_recipe(str(ROOT / "exp" / "cpu_tiny.yaml"), ["algorithm.adv_estimator=grpo"])
+    assert any("enters its group as reward 0" in w for w in preflight(plain))
+    recipe = compose_recipe(str(ROOT / "exp" / "cpu_tiny.yaml"))
+    assert not any("enters its group" in w for w in preflight(recipe))

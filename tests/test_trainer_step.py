@@ -12,10 +12,11 @@ import torch
 from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
 
 from seal.apatch import DEFAULT_TAG_WEIGHTS as WEIGHTS
 from seal.env_clients import env_client
+from seal.failed_episodes import SEAL_GRPO
 from seal.launch.recipe import compose_recipe
 from seal.results.runs import read_metrics
 from seal.trainer import SealTrainer, batch_trajectories
@@ -50,18 +51,12 @@ def make_batch(rows, response_len=6):
         if row[4]:
             mask[i] = 0
     index = np.array([r[0] for r in rows], dtype=object)
-    verl_advantages, _ = compute_grpo_outcome_advantage(scores, mask, index)  # what verl hands the trainer
     # the reference: GRPO over the episodes the environment could run (a failed one is a group of its own)
     alone = np.array([f"failed-{i}" if r[4] else r[0] for i, r in enumerate(rows)], dtype=object)
     advantages, _ = compute_grpo_outcome_advantage(scores, mask, alone)
     obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # noqa: E731 - keep lists as objects
-    return DataProto.from_dict(
-        tensors={
-            "token_level_scores": scores,
-            "token_level_rewards": scores,
-            "response_mask": mask,
-            "advantages": verl_advantages.clone(),
-        },
+    batch = DataProto.from_dict(
+        tensors={"token_level_scores": scores, "token_level_rewards": scores, "response_mask": mask},
         non_tensors={
             "uid": index,
             "seal_task_id": np.array([f"multi_turn_base_{r[0]}" for r in rows], dtype=object),
@@ -76,7 +71,10 @@ def make_batch(rows, response_len=6):
             "seal_error": np.array(["env down" if r[4] else "" for r in rows], dtype=object),
             "seal_failure_kind": np.array(["environment" if r[4] else "" for r in rows], dtype=object),
         },
-    ), advantages
+    )
+    # what verl's fit hands the trainer: the recipe's registered estimator, looked up by its name
+    algorithm = OmegaConf.create({"adv_estimator": SEAL_GRPO, "norm_adv_by_std_in_grpo": True})
+    return compute_advantage(batch, SEAL_GRPO, config=algorithm), advantages
 
 
 ROWS = [

@@ -371,8 +371,19 @@ def _check_batching(config, problems):
         )
     if batch % mini:
         problems.append(f"data.train_batch_size ({batch}) must be divisible by actor.ppo_mini_batch_size ({mini})")
-    if config.algorithm.adv_estimator == "grpo" and n < 2:
+
+
+def _check_estimator(config, problems, warnings):
+    from seal.failed_episodes import SEAL_GRPO
+
+    estimator = str(config.algorithm.adv_estimator)
+    if estimator in ("grpo", SEAL_GRPO) and int(config.actor_rollout_ref.rollout.n) < 2:
         problems.append("GRPO needs rollout.n >= 2 (advantages are relative within a group)")
+    if estimator == "grpo":
+        warnings.append(
+            f"algorithm.adv_estimator=grpo is verl's GRPO as is: an episode that could not run enters its group as "
+            f"reward 0 and shifts the others' advantages; {SEAL_GRPO} (the recipes' estimator) leaves it out"
+        )
 
 
 def _check_checkpoint_disk(config, problems):
@@ -435,6 +446,7 @@ NODE_CHECKS = (
     ("lengths", _check_lengths),
     ("lengths", _check_prompt_budget),
     ("batching", _check_batching),
+    ("batching", _check_estimator),
     ("checkpoints", _check_checkpoints),
     ("service", _check_service_limits),
 )
