@@ -337,7 +337,7 @@ def run_arm(
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    from seal.failed_episodes import SEAL_GRPO  # registers the recipe's estimator with verl
+    from seal.advantage import SEAL_GRPO  # registers the recipe's estimator with verl
 
     actor, algorithm = released_actor()
     if algorithm.adv_estimator != SEAL_GRPO:

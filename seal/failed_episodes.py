@@ -11,8 +11,8 @@ and a kind (``seal_failure_kind``, one of :data:`FAILURE_KINDS`) with its first 
 Reward 0 would still be wrong twice over:
 
 - in training it would enter its GRPO group's mean and standard deviation and shift every other member's
-  advantage; the recipe's estimator, ``seal_grpo`` (registered with verl, which computes it in ``fit``), is verl's
-  GRPO with every failed episode out of its group;
+  advantage; the recipes' estimator, ``seal_grpo`` (``seal/advantage.py``), is verl's GRPO with every failed
+  episode out of its group;
 - in validation it would count as a wrong answer and could move the best checkpoint;
   ``split_validation_failures`` takes such tasks out of the accuracy and reports them apart, per kind;
 - each kind has its own stop: when the share of a validation's or a training step's episodes that failed for one kind
@@ -32,12 +32,8 @@ needs one trained token.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
-import torch
 from verl.experimental.agent_loop import AgentLoopManager
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, register_adv_est
 
 from seal.resume import seed_samples
 
@@ -105,39 +101,6 @@ def failed_mask(batch) -> np.ndarray:
     return np.asarray(batch.non_tensor_batch["seal_failed"], dtype=bool)
 
 
-#: ``algorithm.adv_estimator`` of the recipes: verl's GRPO with failed episodes out of their groups.
-SEAL_GRPO = "seal_grpo"
-
-
-@register_adv_est(SEAL_GRPO)
-def grpo_without_failed(token_level_rewards, response_mask, index, config=None, **_):
-    """verl's GRPO advantages (``compute_grpo_outcome_advantage``, called as verl calls it for ``grpo``) with every
-    episode that could not run in a group of its own.
-
-    A failed episode is the row with no token in the loss: the agent loop gives it an empty loss mask (and so does
-    verl's sequence-level rollout rejection, when a recipe turns it on: a sequence it rejects whole is not trained and
-    is left out of the baseline too). Alone in its group it gets advantage 0 (reward 0, mean 0), and the other members
-    of its original group get the statistics of the group without it; groups without one are verl's GRPO exactly.
-    A group left with one usable member has nothing to compare it with: verl would give that lone survivor mean 0 and
-    std 1, i.e. its raw reward as advantage (which A-Patch could then scale up), so it gets 0.
-    """
-    failed = (response_mask.sum(dim=-1) == 0).cpu().numpy()
-    uids = np.array(index, dtype=object)
-    groups = uids.copy()
-    groups[failed] = [f"seal-failed-{i}" for i in np.flatnonzero(failed)]
-    advantages, returns = compute_grpo_outcome_advantage(
-        token_level_rewards=token_level_rewards,
-        response_mask=response_mask,
-        index=groups,
-        norm_adv_by_std_in_grpo=True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True)),
-    )
-    if failed.any():
-        lone = lone_survivors(uids, failed)
-        advantages[lone] = 0.0
-        returns[lone] = 0.0
-    return advantages, returns
-
-
 def failure_kinds(batch) -> np.ndarray:
     """Each row's failure kind ('' for an episode that ran)."""
     return np.asarray(batch.non_tensor_batch["seal_failure_kind"], dtype=object)
@@ -151,13 +114,6 @@ def stop_if_too_many_failed(batch, step: int, shares: dict[str, float]) -> None:
     detail = "; the run stops before the step's log-probs, update and checkpoint"
     errors = batch.non_tensor_batch["seal_error"]
     raise_if_too_many(failure_kinds(batch), errors, shares, f"training step {step}", detail)
-
-
-def lone_survivors(uids: np.ndarray, failed: np.ndarray) -> torch.Tensor:
-    """Rows that are the only usable member of a group that lost members to failed episodes."""
-    survivors = Counter(uids[~failed].tolist())
-    lost = set(uids[failed].tolist())
-    return torch.as_tensor([not f and u in lost and survivors[u] < 2 for u, f in zip(uids.tolist(), failed)])
 
 
 def split_validation_failures(data_sources, sample_uids, infos: dict, sample_turns: list, shares: dict[str, float]):
@@ -217,8 +173,6 @@ __all__ = [
     "TooManyFailedEpisodes",
     "failed_mask",
     "failure_shares",
-    "SEAL_GRPO",
-    "grpo_without_failed",
     "raise_if_too_many",
     "split_validation_failures",
     "stop_if_too_many_failed",

@@ -7,7 +7,7 @@ One training step (verl's ``fit`` drives it; this class adds the SEAL parts):
     2. verify    — the service's official BFCL verdict is the reward (``rm_scores`` from the agent loop);
     3. advantage — verl's GRPO, computed by verl in ``fit`` with the estimator registered as
                    ``algorithm.adv_estimator: seal_grpo``: episodes that could not run (any failure kind) are taken out
-                   of their group's statistics (``seal/failed_episodes.py``);
+                   of their group's statistics (``seal/advantage.py``);
     4. diagnose  — ``_seal_step``: the batch's tags feed the capability state (closed loop: dynamic tag weights);
     5. A-Patch   — ``_seal_step``: each trajectory's advantage is scaled by clip(mean tag weight) (``seal/apatch.py``);
     6. update    — verl's actor update (FSDP2 engine), unchanged.

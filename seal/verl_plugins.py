@@ -1,5 +1,6 @@
-"""Registrations seal makes inside every verl process: the CPU platform, the ``hf`` rollout backend (and
-``scripted``, the instant one of ``scripts/production_shape.py``), and what the CPU build of vLLM needs around
+"""Registrations seal makes inside every verl process: the CPU platform, the recipes' advantage estimator
+(``seal_grpo``, ``seal/advantage.py``), the ``hf`` rollout backend (and ``scripted``, the instant one of
+``scripts/production_shape.py``), and what the CPU build of vLLM needs around
 verl's weight update (``seal.cpu.vllm_cpu``; CPU platform with that build only).
 
 Loaded by verl itself at the end of ``import verl``: this module is the ``seal`` entry point in
@@ -61,6 +62,12 @@ def register_cpu_platform() -> None:
         cpu_platform.activate()
 
 
+def register_advantage_estimator() -> None:
+    """``algorithm.adv_estimator: seal_grpo`` resolvable wherever verl computes advantages (its driver, the TaskRunner):
+    registered by importing the module that defines it (verl's ``register_adv_est`` decorator)."""
+    import seal.advantage  # noqa: F401
+
+
 def register_vllm_cpu() -> None:
     """What the CPU build of vLLM needs around verl's vLLM server; only on the CPU platform with that build."""
     from seal.cpu import vllm_cpu
@@ -71,7 +78,7 @@ def register_vllm_cpu() -> None:
 
 def register_all() -> None:
     # The platform goes first: nothing may resolve verl's platform singleton before it exists.
-    for step in (register_cpu_platform, register_hf_rollout, register_vllm_cpu):
+    for step in (register_cpu_platform, register_advantage_estimator, register_hf_rollout, register_vllm_cpu):
         try:
             step()
         except Exception:  # noqa: BLE001 - verl would hide it; make it visible, keep verl usable

@@ -3,6 +3,9 @@ for the kind of what failed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -11,12 +14,12 @@ from processes import repo_script
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
+from seal.advantage import SEAL_GRPO
 from seal.apatch import apply_apatch
 from seal.failed_episodes import (
     FAILED_KEY,
     FAILURE_KINDS,
     KIND_KEY,
-    SEAL_GRPO,
     TooManyFailedEpisodes,
     failure_shares,
     split_validation_failures,
@@ -95,6 +98,14 @@ def test_a_lone_survivor_of_a_failed_group_gets_no_advantage(norm_adv_by_std):
     # ... so A-Patch, which only scales, cannot make a signal out of it either
     scaled, _ = apply_apatch(adv, [["spurious_tool_call"]] * 6, {"enable": True}, global_step=1)
     assert torch.all(scaled[:4] == 0.0)
+
+
+def test_every_verl_process_knows_the_recipes_estimator():
+    """verl's own trainer (its TaskRunner imports verl, not seal) must find ``seal_grpo``: seal's verl plugin
+    registers it at ``import verl``."""
+    code = "import verl\nfrom verl.trainer.ppo.core_algos import get_adv_estimator_fn\nprint(get_adv_estimator_fn('seal_grpo').__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "seal.advantage", out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("norm_adv_by_std", [True, False])

@@ -200,6 +200,7 @@ SEAL_FLOORS = (
     (
         "mechanisms and results",
         (
+            "seal.advantage",
             "seal.apatch",
             "seal.diagnostics",
             "seal.failed_episodes",

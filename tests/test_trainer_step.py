@@ -14,9 +14,9 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
 
+from seal.advantage import SEAL_GRPO
 from seal.apatch import DEFAULT_TAG_WEIGHTS as WEIGHTS
 from seal.env_clients import env_client
-from seal.failed_episodes import SEAL_GRPO
 from seal.launch.recipe import compose_recipe
 from seal.results.runs import read_metrics
 from seal.trainer import SealTrainer, batch_trajectories

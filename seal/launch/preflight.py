@@ -374,7 +374,7 @@ def _check_batching(config, problems):
 
 
 def _check_estimator(config, problems, warnings):
-    from seal.failed_episodes import SEAL_GRPO
+    from seal.advantage import SEAL_GRPO
 
     estimator = str(config.algorithm.adv_estimator)
     if estimator in ("grpo", SEAL_GRPO) and int(config.actor_rollout_ref.rollout.n) < 2:
