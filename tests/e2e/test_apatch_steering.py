@@ -26,13 +26,13 @@ from env_service.http.service import ServerThread
 from seal.cpu.warm_start import episode_texts
 from seal.launch.recipe import compose_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
 import learning_check  # noqa: E402
-from test_trainer_step import make_batch, make_trainer  # noqa: E402
 
 from seal.report import decoy_choice  # noqa: E402
+from tests.support.trainer_step import make_batch, make_trainer  # noqa: E402
 
 RECIPE = learning_check.STEERING_RECIPES["on"]
 

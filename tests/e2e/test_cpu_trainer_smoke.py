@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_DIR = Path(os.environ.get("SEAL_TINY_MODEL_DIR", REPO / ".cache" / "tiny-qwen"))
 
 REWARD_SOURCE = '''

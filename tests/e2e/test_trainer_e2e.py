@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import alive, kill_session, processes, service_and_workers, wait_for
 
 from env_service.bfcl.interface import CUES_HEADER
 from seal.report.reproduction import swap_values
+from tests.support.processes import alive, kill_session, processes, service_and_workers, wait_for
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN_TASKS = {"multi_turn_miss_func_121", "multi_turn_miss_func_122"}  # data/cpu_tiny_train.parquet
 
 
@@ -305,7 +305,7 @@ def test_a_service_wedged_mid_run_is_restarted_and_its_failed_step_stops_the_run
     step 2 in one line naming the service and its log, as the step's rollout returns (before its log-probs, update
     and checkpoint): nothing of step 2 is checkpointed, and step 1's checkpoint, the last one made with a live
     environment, stays the latest and is not pruned. (A service that dies is restarted the same way:
-    tests/test_launcher_service.py.)"""
+    tests/launch/test_launcher_service.py.)"""
     d = run_dirs(tmp_path)
     proc = launch(
         tmp_path,

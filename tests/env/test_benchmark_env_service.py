@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import pytest
-from processes import REPO, kill_session, repo_environment
 
 from env_service.workers.pool import HEARTBEAT_TIMEOUT_S
+from tests.support.processes import REPO, kill_session, repo_environment
 
 #: The longest the benchmark may go without finishing a phase (it reports each on stderr) before it counts as stuck.
 #: Its whole run is a fixed amount of CPU work (about 130 s over its processes) and fixed waits (about 100 s), so its

@@ -18,7 +18,7 @@ from env_service.episodes.manager import MAX_RUN_PROFILES, EpisodeManager
 from env_service.http.auth import read_secret_file, resolve_secret
 from env_service.http.service import ServerThread
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASK = "multi_turn_base_0"
 SECRET = "correct horse battery staple"
 CUE_PROFILE = {"tags": {"missing_tool_call": {"count": 40, "reward_mean": 0.1}}}

@@ -15,7 +15,6 @@ import time
 
 import pytest
 import requests
-from processes import REPO, repo_environment
 
 from env_service.__main__ import main
 from env_service.bfcl import tasks
@@ -23,6 +22,7 @@ from env_service.bfcl.calls import parse_call_string
 from env_service.bfcl.config import EnvConfig
 from env_service.bfcl.episode import Episode
 from env_service.http.service import ServerThread
+from tests.support.processes import REPO, repo_environment
 
 OBS_LITE = {"observation_lite": {"enable": True}}
 

@@ -4,12 +4,11 @@ within their own budgets ends once its messages used ``episode_cpu_budget_s`` to
 
 from __future__ import annotations
 
-from test_env_budgets import aliasing_messages, call
-
 from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
+from tests.support.env_attacks import aliasing_messages, call
 
 LIMITS = ServiceLimits(call_budget_s=0.1, message_budget_s=0.25, episode_cpu_budget_s=1.0, max_steps=100)
 

@@ -13,12 +13,10 @@ One service (loopback, ephemeral port, small budgets so the tests stay short) is
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -29,6 +27,7 @@ from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
+from tests.support.env_attacks import aliasing_messages, call, episodes_on_two_workers, worker_of
 
 LIMITS = ServiceLimits(
     call_budget_s=0.5,
@@ -40,20 +39,6 @@ LIMITS = ServiceLimits(
 )
 SLACK_S = 4.0  # scheduling noise on a shared 2-core machine
 FS_TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI
-
-
-def _benchmark_module():
-    """``benchmarks/env_service.py``, home of the exploit's message builder (the benchmark replays it too)."""
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_env_service", Path(__file__).resolve().parents[1] / "benchmarks" / "env_service.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCHMARK = _benchmark_module()
-call, aliasing_messages = BENCHMARK._call, BENCHMARK.aliasing_messages
 
 
 @pytest.fixture(scope="module")
@@ -141,33 +126,6 @@ def test_cat_flood_is_truncated(client):
     assert len(content.encode()) <= LIMITS.max_reply_bytes + 200
     assert "[TRUNCATED:" in content
     client.release(iid)
-
-
-def worker_of(service, instance_id: str):
-    return next(w for w in service.manager._pool._workers if instance_id in w.episodes)
-
-
-def episodes_on_two_workers(client, service, first_task: str, second_task: str) -> tuple[str, str]:
-    """Two live episodes on different workers. Placement picks the calm worker (not busy over most of the last few
-    seconds) holding the fewest episodes, so a second episode may land beside the first: a worker just replaced or
-    slowed by a loaded machine, or episodes an earlier test left. Each such one is held, which tips the count to the
-    other worker, and released once it is found (bounded)."""
-    first = client.create(first_task, "validate")["instance_id"]
-    beside = []
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            second = client.create(second_task, "validate")["instance_id"]
-            if worker_of(service, second) is not worker_of(service, first):
-                return first, second
-            beside.append(second)
-            time.sleep(0.3)
-        pool, now = service.manager._pool, time.monotonic()
-        held = [(len(w.episodes), round(pool._busy_share(w, now), 2)) for w in pool._workers]
-        raise AssertionError(f"no episode was placed on the second worker in 30 s; (episodes, busy share): {held}")
-    finally:
-        for instance_id in beside:
-            assert client.release(instance_id)
 
 
 def _survivor_passes(client, instance_id: str) -> None:

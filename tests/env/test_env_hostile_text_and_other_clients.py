@@ -23,8 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from test_env_budgets import aliasing_messages, episodes_on_two_workers, worker_of
-from test_env_budgets import call as _call
 
 from env_service import replay
 from env_service.bfcl import tasks
@@ -35,6 +33,8 @@ from env_service.http.auth import RUN_ID_HEADER
 from env_service.http.limits import HttpLimits
 from env_service.http.service import ServerThread
 from env_service.workers.pool import HEARTBEAT_TIMEOUT_S
+from tests.support.env_attacks import aliasing_messages, episodes_on_two_workers, worker_of
+from tests.support.env_attacks import call as _call
 
 LIMITS = ServiceLimits(
     call_budget_s=1.0,

@@ -10,14 +10,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from test_env_budgets import BENCHMARK, aliasing_messages
-from test_env_budgets import call as _call
 
 from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.limits import HttpLimits
 from env_service.http.service import ServerThread
+from tests.support.env_attacks import BENCHMARK, aliasing_messages
+from tests.support.env_attacks import call as _call
 
 FS_TASK = "multi_turn_base_0"  # GorillaFileSystem: directory aliasing makes find run to its budget
 

@@ -13,13 +13,13 @@ import time
 
 import psutil
 import pytest
-from processes import repo_environment
 
 from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
 from env_service.episodes.manager import EpisodeManager
 from env_service.errors import UnknownInstance
 from env_service.http.service import ServerThread
+from tests.support.processes import repo_environment
 
 MIB = 2**20
 

@@ -22,8 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from test_env_budgets import aliasing_messages, call
-from test_env_owner_memory import big_file
 
 from env_service.bfcl.config import ServiceLimits
 from env_service.client import EnvClient, EnvServiceError
@@ -31,6 +29,7 @@ from env_service.episodes.manager import EpisodeManager
 from env_service.errors import UnknownInstance
 from env_service.http.limits import HttpLimits
 from env_service.http.service import ServerThread
+from tests.support.env_attacks import aliasing_messages, big_file, call
 
 MIB = 1024 * 1024
 SLOW_S = 3.0  # a budget-busting message holds the one worker about this long (up to 2 s more on a busy machine)

@@ -11,7 +11,6 @@ of the budget, not with the attack. Before, an owner's 1024 live episodes could 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -25,6 +24,8 @@ from env_service.client import EnvClient, EnvServiceError
 from env_service.episodes.manager import EpisodeManager
 from env_service.errors import OwnerMemoryExceeded
 from env_service.http.service import ServerThread
+from tests.support.env_attacks import big_file
+from tests.support.env_attacks import tool_call as call
 
 MIB = 1024 * 1024
 LIMITS = ServiceLimits(
@@ -37,20 +38,9 @@ LIMITS = ServiceLimits(
 )
 FS_TASK = "multi_turn_base_0"  # GorillaFileSystem: touch and echo write files
 INNOCENT_TASK = "multi_turn_base_2"
-BIG_TEXT = "x" * 200_000
 STEPS_PER_EPISODE = 4  # files per episode: within its own max_episode_bytes and max_state_bytes
 ATTACK_EPISODES = 80  # ~64 MB of file text: 8 times the budget
 RSS_GROWTH_LIMIT = 4 * LIMITS.max_owner_bytes
-
-
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def big_file(k: int) -> str:
-    """One accepted message that keeps ~200 KB three times: its arguments (the verifier replays them), the file in
-    the backend state, and the message in the service (a replay after a worker loss rebuilds the episode from it)."""
-    return call("touch", file_name=f"f{k}.txt") + call("echo", content=BIG_TEXT, file_name=f"f{k}.txt")
 
 
 @pytest.fixture(scope="module")

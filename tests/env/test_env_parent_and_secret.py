@@ -19,7 +19,7 @@ from env_service.http.auth import read_secret_file
 from env_service.workers.parent_watch import EXIT_ORPHANED
 from seal.launch.service import write_secret
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "correct horse battery staple"
 
 

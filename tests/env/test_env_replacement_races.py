@@ -12,11 +12,11 @@ import threading
 import time
 
 import psutil
-from test_env_budgets import aliasing_messages, call
 
 from env_service.bfcl.config import ServiceLimits
 from env_service.episodes.manager import EpisodeManager
 from env_service.workers.pool import START_TIMEOUT_S
+from tests.support.env_attacks import aliasing_messages, call
 
 OOD_TASK = "memory_kv_prereq_32-notetaker-0"  # an episode with a scratch folder
 FS_TASK = "multi_turn_base_0"

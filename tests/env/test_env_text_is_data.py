@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from processes import repo_script
 
 from env_service.bfcl.config import EnvConfig
 from env_service.bfcl.tasks import load_task
 from env_service.control_text import ESCAPE, FRAMING, ControlText
 from env_service.replay import trace_ground_truth
+from tests.support.processes import repo_script
 
 FUZZ = repo_script("benchmarks/fuzz_model_output.py")
 TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI: files, names, paths

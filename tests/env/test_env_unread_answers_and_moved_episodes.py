@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from processes import repo_script, wait_for
 
 from env_service.client import EnvClient
+from tests.support.processes import repo_script, wait_for
 
 BENCH = repo_script("benchmarks/env_service.py")
 TASK = "multi_turn_base_2"
@@ -240,10 +240,9 @@ def test_a_heavy_episode_stays_behind_a_long_message_and_a_moved_episodes_copy_i
     """What a move may cost: an episode whose replay would take longer than the wait it escapes (its own messages ran
     for seconds) waits its turn instead of moving its cost onto the calm worker; and the copy a moved episode leaves
     (here an OOD episode's scratch folder) is closed before the worker it left serves the next request."""
-    from test_env_budgets import aliasing_messages, call
-
     from env_service.bfcl.config import ServiceLimits
     from env_service.episodes.manager import EpisodeManager
+    from tests.support.env_attacks import aliasing_messages, call
 
     limits = ServiceLimits(message_budget_s=2.0, call_budget_s=2.0, call_memory_mib=4096)
     manager = EpisodeManager(workers=2, limits=limits)

@@ -21,7 +21,6 @@ import time
 
 import pytest
 import requests
-from test_env_budgets import aliasing_messages, call
 
 from env_service import replay
 from env_service.bfcl import tasks
@@ -30,6 +29,7 @@ from env_service.client import EnvClient
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
 from env_service.workers.pool import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S
+from tests.support.env_attacks import aliasing_messages, call
 
 PASSING_TASK = "multi_turn_base_2"
 TICKET_TASK = "multi_turn_base_24"  # TicketAPI; ticket 987654 exists in its initial state

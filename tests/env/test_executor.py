@@ -412,7 +412,7 @@ def test_format_call_string_is_bfcl_convert_to_function_call():
 def test_production_code_never_evals():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "env_service" / "bfcl"
+    root = Path(__file__).resolve().parents[2] / "env_service" / "bfcl"
     forbidden = {"eval", "exec", "compile", "__import__", "execute_multi_turn_func_call"}
     for name in ("upstream.py", "tasks.py", "calls.py", "executor.py", "verifier.py"):
         source = (root / name).read_text()

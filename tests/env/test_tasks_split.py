@@ -21,7 +21,7 @@ from env_service.bfcl.tasks import (
     task_ids,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
 
 # The released split procedure, quoted verbatim.

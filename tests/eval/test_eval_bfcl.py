@@ -20,7 +20,7 @@ from seal.eval.endpoint import run_episode
 from seal.results import tables
 from seal.results.records import append_record, load_records
 
-#: These episodes replay scripted answers: nothing to escape (the escape: tests/test_env_text_is_data.py).
+#: These episodes replay scripted answers: nothing to escape (the escape: tests/env/test_env_text_is_data.py).
 NO_MARKUP = ControlText(())
 
 # Passing and failing tasks in every category; multi_turn_miss_func_49's ground truth calls a tool before it is

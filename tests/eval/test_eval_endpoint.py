@@ -11,17 +11,17 @@ import time
 
 import pytest
 import requests
-from test_vllm_cpu import REPO, VENV_PYTHON, free_port, require_venv
 
 from seal.cpu.vllm_cpu import RUNTIME_ENV
 from seal.eval.__main__ import main as eval_main
 from seal.results.records import load_records
+from tests.support.vllm_cpu import REPO, VENV_PYTHON, free_port, require_venv
 
 pytestmark = pytest.mark.slow
 TASKS = "multi_turn_base_107,multi_turn_miss_param_107"
 START_TIMEOUT_S = 420
 #: The vLLM-CPU recipe's own tiny model (the real 152k-token vocabulary): served, not trained, so its size costs
-#: little here (tests/test_vllm_cpu.py trains a small-vocabulary one in a folder of its own).
+#: little here (tests/rollout/test_vllm_cpu.py trains a small-vocabulary one in a folder of its own).
 TINY_DIR = REPO / ".cache" / "tiny-qwen-h128"
 
 

@@ -16,7 +16,7 @@ from seal.eval.tasks import select_tasks, write_eval_dataset
 from seal.launch.preflight import _check_prompt_budget
 from seal.launch.recipe import compose_recipe
 
-EVALUATION_MD = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
+EVALUATION_MD = Path(__file__).resolve().parents[2] / "docs" / "evaluation.md"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from scipy.stats import binomtest
 from seal import paper_numbers
 from seal.results.records import append_record, make_record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VAL_FILE = REPO / "data" / "bfcl_heldout.parquet"
 
 

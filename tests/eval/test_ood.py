@@ -33,7 +33,7 @@ from seal.eval.endpoint import run_episode
 from seal.eval.ood import run_ood, select_ood
 from seal.results.records import load_records
 
-#: These episodes replay scripted answers: nothing to escape (the escape: tests/test_env_text_is_data.py).
+#: These episodes replay scripted answers: nothing to escape (the escape: tests/env/test_env_text_is_data.py).
 NO_MARKUP = ControlText(())
 
 OFFLINE_MEMORY = ("memory_kv", "memory_rec_sum")

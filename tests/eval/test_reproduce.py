@@ -24,7 +24,7 @@ from seal.report.reproduction import leaves
 from seal.results.records import load_records
 from seal.results.runs import load_run, read_metrics, validation_steps
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import make_tables  # noqa: E402
 

@@ -1,6 +1,6 @@
 """tau2-bench through ``python -m seal.eval endpoint --categories tau2_*``, against scripted loopback stubs.
 
-The stubs (``tests/tau2_stubs.py``) play tau2's agent and user: per domain two tasks walk the task's ground-truth
+The stubs (``tests/support/tau2_stubs.py``) play tau2's agent and user: per domain two tasks walk the task's ground-truth
 actions (telecom's user-side steps done by the user stub on its device) and one stops short of them; one retail
 task does every action but leaves out what it should have told the user. Checked:
 
@@ -24,14 +24,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from side_venv import require_side_venv
-from tau2_stubs import AGENT_MODEL, USER_MODEL, StubServer
 
 from seal.eval.__main__ import main as seal_eval
 from seal.results.records import load_records
 from seal.results.tau2_tasks import tau2_task_id
+from tests.support.side_venv import require_side_venv
+from tests.support.tau2_stubs import AGENT_MODEL, USER_MODEL, StubServer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("SEAL_TAU2_VENV", REPO / ".venv-tau2"))
 VENV_PYTHON = VENV / "bin" / "python"
 TAU2_ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "stub"}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("seal", "env_service", "tests", "scripts", "benchmarks")
 
 

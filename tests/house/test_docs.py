@@ -25,7 +25,7 @@ import pytest
 
 from seal.launch.recipe import compose_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # Commands that cannot be checked here, by how they start, with why.

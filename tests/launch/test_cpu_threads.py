@@ -25,7 +25,7 @@ def test_a_thread_count_in_the_recipes_runtime_env_wins(monkeypatch):
     from seal.launch.recipe import compose_recipe
     from seal.launch.run_env import ray_runtime_env
 
-    recipe = str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml")
+    recipe = str(Path(__file__).resolve().parents[2] / "exp" / "cpu_tiny.yaml")
     config = compose_recipe(recipe, ["+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='1'"])
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     env = ray_runtime_env(config, cpu_runtime_env())

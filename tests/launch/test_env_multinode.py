@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import requests
 from omegaconf import OmegaConf
-from processes import processes, wait_for
 
 from env_service.client import EnvClient, make_client
 from seal import env_clients
 from seal.launch import service
+from tests.support.processes import processes, wait_for
 
 CUE_PROFILE = {"tags": {"missing_tool_call": {"count": 40, "reward_mean": 0.1}}}
 CUE_PARAMS = {"capability_cues": {"enable": True}}
@@ -111,7 +111,7 @@ def test_both_nodes_pass_the_node_check(cluster, tmp_path, monkeypatch):
     from seal.launch import multinode
     from seal.launch.recipe import compose_recipe
 
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     config = compose_recipe(
         "exp/cpu_tiny.yaml",
         [f"seal.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/checkpoints", "trainer.nnodes=2"],
@@ -136,7 +136,7 @@ def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
     address = ray.get_runtime_context().gcs_address
     ray.shutdown()  # the launcher connects (and disconnects) itself
     config = compose_recipe(
-        str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml"),
+        str(Path(__file__).resolve().parents[2] / "exp" / "cpu_tiny.yaml"),
         [
             f"seal.run_dir={tmp_path}",
             "trainer.nnodes=2",
@@ -163,7 +163,7 @@ def test_the_launcher_runs_one_service_per_node(cluster, tmp_path):
         ray.init(address=address, namespace=env_clients.ACTOR_NAMESPACE, log_to_driver=False)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 KILLED_LAUNCHER = """
 import sys, time

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HELPER = REPO / "scripts" / "flash_attn_wheel.py"
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"

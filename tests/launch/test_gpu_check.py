@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from processes import REPO, repo_environment
+
+from tests.support.processes import REPO, repo_environment
 
 sys.path.insert(0, str(REPO / "scripts"))
 import gpu_check  # noqa: E402

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 import requests
-from processes import alive, processes, service_and_workers, wait_for
 
 from env_service.client import EnvClient, EnvServiceError
 from env_service.http.service import ServerThread
 from seal.launch import run_env
 from seal.launch.recipe import PreflightError, compose_recipe
 from seal.launch.service import environment_service
+from tests.support.processes import alive, processes, service_and_workers, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def recipe(tmp_path, *overrides: str):

@@ -10,7 +10,7 @@ from seal.launch import cli
 from seal.launch.memory_estimate import GIB, KNOWN_SHAPES, ModelShape, estimate, model_shape
 from seal.launch.recipe import compose_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")
 
 # Published parameter counts of the models (their model cards / safetensors index).
@@ -192,7 +192,9 @@ def test_one_dry_run_reports_a_typo_the_disk_and_the_estimate_together(monkeypat
 
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
     monkeypatch.setattr(memory_estimate, "free_bytes", lambda path: 50 * GIB)
-    no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
+    no_prompts = (
+        "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/rollout/test_prompt_budget.py's business
+    )
     assert cli.main(["--conf", SEAL, "--dry-run", "+seal.apach.enable=false", no_prompts]) == 2
     out, err = capsys.readouterr()
     assert (
@@ -234,7 +236,9 @@ def test_kv_capacity_against_a_steps_demand_and_the_papers_value_by_hand(
     assert (found.kv_tokens, found.paper_kv_tokens) == (capacity, paper_capacity)
     assert found.phase_sequences == {"train step": 32 * 8 // 4, "validation": 400 // 4}
     monkeypatch.setattr(memory_estimate, "_visible_gpu_bytes", lambda: None)
-    no_prompts = "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/test_prompt_budget.py's business
+    no_prompts = (
+        "seal.preflight.prompt_budget=false"  # 800 prompts rendered: tests/rollout/test_prompt_budget.py's business
+    )
     assert (
         cli.main(["--conf", str(ROOT / "exp" / recipe), "--dry-run", no_prompts]) == 2
     )  # no GPU: printed all the same

@@ -17,7 +17,7 @@ from seal.launch.preflight import _check_cluster
 from seal.launch.recipe import compose_recipe, prepare
 from seal.launch.service import environment_service
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU_SMOKE = str(ROOT / "exp" / "gpu_smoke.yaml")
 
 

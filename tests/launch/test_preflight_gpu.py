@@ -17,7 +17,7 @@ from seal.launch import node_checks
 from seal.launch.preflight import preflight
 from seal.launch.recipe import PreflightError, compose_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")
 
 
@@ -144,7 +144,7 @@ SEVERAL_PER_MICRO_BATCH = [
 
 @pytest.fixture
 def no_packed_sequence_detection(monkeypatch):
-    """A transformers that cannot tell packed sequences apart for mask-based attention (tests/test_packing.py)."""
+    """A transformers that cannot tell packed sequences apart for mask-based attention (tests/rollout/test_packing.py)."""
     monkeypatch.setattr(node_checks, "transformers_detects_packed_sequences", lambda: False)
 
 

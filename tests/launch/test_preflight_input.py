@@ -24,7 +24,7 @@ from seal.launch.memory_estimate import checkpoint_disk
 from seal.launch.preflight import _check_data, _check_model
 from seal.launch.recipe import compose_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SEAL = str(ROOT / "exp" / "SEAL.yaml")
 CLOSED_PORT = "env_service.url=http://127.0.0.1:9"
 TRAIN = ROOT / "data" / "cpu_tiny_train.parquet"

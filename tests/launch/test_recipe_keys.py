@@ -13,7 +13,7 @@ from seal.config import keys
 from seal.config.keys import OPEN_MAPS, Source, file_problems, leaf_keys, recipe_key_problems, unknown_keys
 from seal.launch.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "exp").glob("*.yaml"))
 SWAP = ROOT / "seal" / "config" / "swap" / "cpu.yaml"
 

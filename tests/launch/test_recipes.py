@@ -11,7 +11,7 @@ from seal.launch.cli import main
 from seal.launch.preflight import preflight
 from seal.launch.recipe import PreflightError, compose_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "exp").glob("*.yaml"))
 
 # The released recipe's key (upstream name) -> (our key, expected effective value). Keys upstream had but that configure
@@ -238,7 +238,7 @@ def test_backbone_variants_swap_only_the_model_and_its_format():
     base = flatten(resolved("SEAL"))
     for name, changed in {
         "qwen2.5_3b": {"actor_rollout_ref.model.path"},
-        # ToolACE's tool docs need a longer prompt budget and, by as much, a longer context (tests/test_prompt_budget.py)
+        # ToolACE's tool docs need a longer prompt budget and, by as much, a longer context (tests/rollout/test_prompt_budget.py)
         # ... and bfcl's Llama format: its prompt template, ipython tool results, <|eot_id|> ending a turn
         "toolace2_8b": {
             "actor_rollout_ref.model.path",

@@ -97,7 +97,7 @@ def test_cpu_recipe_carries_the_cpu_settings():
 
     from seal.launch.recipe import compose_recipe
 
-    cfg = compose_recipe(str(Path(__file__).resolve().parents[1] / "exp" / "cpu_tiny.yaml"))
+    cfg = compose_recipe(str(Path(__file__).resolve().parents[2] / "exp" / "cpu_tiny.yaml"))
     assert (cfg.trainer.device, cfg.trainer.use_v1, cfg.actor_rollout_ref.rollout.name) == ("cpu", False, "hf")
     assert cfg.ray_kwargs.ray_init.num_gpus == 1
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"

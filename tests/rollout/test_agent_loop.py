@@ -11,26 +11,23 @@ import os
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from env_service.client import EnvServiceError  # noqa: E402
 from env_service.episodes.manager import EpisodeManager  # noqa: E402
 from env_service.http.service import ServerThread  # noqa: E402
-from seal.agent_loop import TRUNCATION_MARKER, BfclAgentLoop  # noqa: E402
+from seal.agent_loop import TRUNCATION_MARKER  # noqa: E402
 from seal.cpu.hf_rollout import HFRolloutServer, HFServerConfig  # noqa: E402
 from seal.env_clients import (
     NoServiceOnThisNode,  # noqa: E402
     env_client,  # noqa: E402
 )
-from seal.launch.recipe import compose_recipe  # noqa: E402
 from seal.resume import SEED_FIELD  # noqa: E402
+from tests.support.agent_loop import make_config, make_loop  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASK = "multi_turn_miss_func_121"  # a short-schema train task (see scripts/make_split.py)
 
 
@@ -45,34 +42,6 @@ class RecordingServer:
         out = await self.server.generate(prompt_ids=prompt_ids, sampling_params=sampling_params, request_id=request_id)
         self.generations.append(list(out.token_ids))
         return out
-
-
-def make_config(**overrides):
-    cfg = compose_recipe(
-        str(REPO / "exp" / "cpu_tiny.yaml"),
-        [
-            "env_service.url=inprocess",
-            "actor_rollout_ref.rollout.response_length=256",
-            "seal.rollout.max_tokens_per_call=24",
-            "actor_rollout_ref.rollout.max_model_len=4352",
-            "seal.rollout.max_env_tokens=256",
-            *[f"{k}={v}" for k, v in overrides.items()],
-        ],
-    )
-    OmegaConf.resolve(cfg)
-    return cfg
-
-
-def make_loop(config, tokenizer, server) -> BfclAgentLoop:
-    return BfclAgentLoop(
-        trainer_config=DictConfigWrap(config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-        hf_model_type="qwen2",
-    )
 
 
 def run_episode(config, tokenizer, server, split="train", temperature=1.0, task=TASK, prepare=None, fields=None):

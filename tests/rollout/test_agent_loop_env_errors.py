@@ -23,7 +23,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from seal.agent_loop import BfclAgentLoop  # noqa: E402
 from seal.launch.recipe import compose_recipe  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI
 
 

@@ -23,7 +23,6 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-from processes import repo_script
 
 from env_service.bfcl.ood_episode import OodEpisode
 from env_service.bfcl.ood_tasks import load_ood_task
@@ -32,6 +31,7 @@ from env_service.client import EnvClient, EnvServiceError, InProcessEnvClient
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
 from env_service.json_safe import json_safe, sanitise
+from tests.support.processes import repo_script
 
 FUZZ = repo_script("benchmarks/fuzz_model_output.py")  # its scripted generation server and agent-loop runner
 FS_TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI

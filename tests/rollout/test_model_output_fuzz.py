@@ -9,11 +9,11 @@ The longer run is the command: ``python benchmarks/fuzz_model_output.py --exampl
 from __future__ import annotations
 
 import pytest
-from processes import repo_script
 
 import env_service.json_safe
 from env_service.episodes.manager import EpisodeManager
 from env_service.http.service import ServerThread
+from tests.support.processes import repo_script
 
 FUZZ = repo_script("benchmarks/fuzz_model_output.py")
 SERVICE_EXAMPLES = 120

@@ -7,7 +7,7 @@ transformers, which builds a block-diagonal mask from restarting position ids wh
 (``transformers.masking_utils.find_packed_sequence_indices``). This test feeds the tiny model exactly verl's input
 (after verl's own model patch) and compares each packed sequence's log-probs with the sequence run alone: equal
 with that detection, mixed without it (the second sequence attends to the first) -- the case preflight refuses
-(``seal.launch.node_checks.separates_packed_sequences``, tests/test_preflight_gpu.py).
+(``seal.launch.node_checks.separates_packed_sequences``, tests/launch/test_preflight_gpu.py).
 
 flash_attention_2 runs only on a GPU with flash-attn (a CUDA extension with no CPU build); there the same
 comparison applies.

@@ -18,7 +18,7 @@ from seal import prompt_budget
 from seal.launch.preflight import preflight
 from seal.launch.recipe import PreflightError, compose_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "exp").glob("*.yaml"))
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_agent_loop import make_config, make_loop
 
 from seal.cpu.scripted_rollout import ScriptConfig, ScriptedServer
 from seal.resume import SEED_FIELD
+from tests.support.agent_loop import make_config, make_loop
 
 #: Train tasks of three categories (a miss_func task shares its first question with its base variant).
 TASKS = ("multi_turn_miss_func_121", "multi_turn_base_100", "multi_turn_long_context_144")

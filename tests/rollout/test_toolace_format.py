@@ -21,7 +21,7 @@ from env_service.client import InProcessEnvClient
 from seal.agent_loop import BfclAgentLoop
 from seal.launch.recipe import compose_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 TASK = "multi_turn_base_107"  # turn 1 asks for a stock price: one call, one result
 

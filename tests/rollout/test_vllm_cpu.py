@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-from side_venv import require_side_venv
 
 from seal.report.reproduction import swap_values
+from tests.support.vllm_cpu import REPO, VENV_PYTHON, free_port, require_venv
 
-REPO = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("SEAL_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
-VENV_PYTHON = VENV / "bin" / "python"
 # The CPU swap's tiny model (its 1,408-entry BFCL-trained vocabulary; head_dim 32, as vLLM's CPU attention needs), not
 # the recipe's real 152k-token one: the logits over 152k tokens were most of each CPU step (~55 s against seconds),
 # and nothing checked here depends on the vocabulary.
@@ -163,16 +159,6 @@ def test_requirements_keep_the_cpu_builds_torch_and_transformers():
 
 
 # ---- the production rollout path, end to end (slow) ----------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def require_venv() -> None:
-    require_side_venv(VENV_PYTHON, "vLLM-CPU", "vllm-cpu")
 
 
 def launch(tmp: Path, name: str, *extra: str) -> str:

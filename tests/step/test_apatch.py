@@ -1,7 +1,7 @@
 """A-Patch: exactness of the scaling and of the closed-loop weight update against the formulas of docs/method.md,
 written out independently here (plain loops); config validation; composition with verl's GRPO advantage.
 
-These are the project's only reference formulas for A-Patch; tests/test_capability_state.py tests the counting."""
+These are the project's only reference formulas for A-Patch; tests/step/test_capability_state.py tests the counting."""
 
 import math
 import random
@@ -27,7 +27,7 @@ from seal.capability_state import CapabilityState
 # The released recipe's static weights, as the recipe defaults carry them (test_default_weights_are_upstreams checks
 # that the code's table is the same).
 UPSTREAM = dict(
-    OmegaConf.load(Path(__file__).resolve().parents[1] / "seal/config/seal_defaults.yaml").seal.apatch.tag_weights
+    OmegaConf.load(Path(__file__).resolve().parents[2] / "seal/config/seal_defaults.yaml").seal.apatch.tag_weights
 )
 EXCLUDED = SCORER_TAGS
 

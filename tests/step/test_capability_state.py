@@ -1,5 +1,5 @@
 """Capability state: counting (every bucket, window and total), the failure profile, persistence, atomic writes
-and the run_id ownership rule. The closed-loop formula that reads the state is tested in tests/test_apatch.py."""
+and the run_id ownership rule. The closed-loop formula that reads the state is tested in tests/step/test_apatch.py."""
 
 import json
 import logging
@@ -14,7 +14,7 @@ from seal.capability_state import CapabilityState, CapabilityStats, turn_positio
 
 
 def closed_loop_step(state):
-    """What a training step does to the state's weights (the formula itself is tested in tests/test_apatch.py)."""
+    """What a training step does to the state's weights (the formula itself is tested in tests/step/test_apatch.py)."""
     moved = dynamic_weights(DEFAULT_TAG_WEIGHTS, state.dynamic_tag_weights, state.tag_evidence(), APatchConfig())
     if moved is not None:
         state.dynamic_tag_weights = moved

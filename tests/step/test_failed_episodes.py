@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from processes import repo_script
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
@@ -22,6 +21,7 @@ from seal.failed_episodes import (
     split_validation_failures,
     stop_if_too_many_failed,
 )
+from tests.support.processes import repo_script
 
 EPS = 1e-6
 
@@ -32,7 +32,7 @@ def shares(env: float = 0.02, other: float = 0.02) -> dict:
 
 def make_batch(rewards, uids, failed, length=3, kind="environment"):
     """Outcome rewards on the last response token, as verl's reward manager places them; failed rows of ``kind``,
-    with the empty loss mask the agent loop gives an episode that could not run (tests/test_agent_loop.py)."""
+    with the empty loss mask the agent loop gives an episode that could not run (tests/rollout/test_agent_loop.py)."""
     scores = torch.zeros(len(rewards), length)
     scores[:, -1] = torch.tensor(rewards, dtype=torch.float32)
     mask = torch.ones(len(rewards), length)

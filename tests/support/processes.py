@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 #: The repository whose code the tests' child processes import.
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def repo_environment() -> dict[str, str]:
