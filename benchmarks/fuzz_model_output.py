@@ -21,7 +21,7 @@ Invariants: no request answers 5xx (a step may answer 4xx: a lone surrogate in t
 every reply is valid Unicode (``env_service.json_safe.valid_text``); every episode evaluates (a verdict, a reward in
 [0, 1]); nothing propagates out of ``BfclAgentLoop.run`` and no episode of a healthy service fails there; no episode
 failure, lost episode or worker restart in the service's ``/health``; no environment turn of the loop's context holds
-a control token beyond its chat template's own (``TemplateTokens``). ``tests/test_model_output_fuzz.py`` runs both
+a control token beyond its chat template's own (``TemplateTokens``). ``tests/rollout/test_model_output_fuzz.py`` runs both
 layers bounded (derandomized) and shows that a broken reply check is caught.
 """
 
