@@ -384,20 +384,11 @@ def run_loop(
 ):
     """One ``BfclAgentLoop.run`` whose generations are ``messages`` (or ``server``'s); ``env_params`` update the
     recipe's env block; ``prepare(loop)`` runs before it (a test's hook)."""
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
     from seal.agent_loop import BfclAgentLoop
 
     async def go():
-        loop = BfclAgentLoop(
-            trainer_config=DictConfigWrap(config),
-            server_manager=server or ScriptedServer(tokenizer, messages),
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(config.data),
-            hf_model_type=hf_model_type,
+        loop = BfclAgentLoop.outside_workers(
+            config, tokenizer, server or ScriptedServer(tokenizer, messages), hf_model_type=hf_model_type
         )
         if env_params is not None:
             loop.env_params = {**loop.env_params, **env_params}

@@ -16,8 +16,6 @@ from omegaconf import OmegaConf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from seal.agent_loop import BfclAgentLoop  # noqa: E402
@@ -60,14 +58,8 @@ def test_env_errors_follow_the_structured_error_type(tokenizer):
     OmegaConf.resolve(config)
 
     async def go():
-        loop = BfclAgentLoop(
-            trainer_config=DictConfigWrap(config),
-            server_manager=ScriptedServer(tokenizer, replies),
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(config.data),
-            hf_model_type="qwen2",
+        loop = BfclAgentLoop.outside_workers(
+            config, tokenizer, ScriptedServer(tokenizer, replies), hf_model_type="qwen2"
         )
         params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
         return await loop.run(params, extra_info={"task_id": TASK, "split": "validate"}, raw_prompt=[])

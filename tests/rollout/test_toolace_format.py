@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from bfcl_eval.model_handler.local_inference.llama import LlamaHandler
 from omegaconf import OmegaConf
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from env_service.client import InProcessEnvClient
 from seal.agent_loop import BfclAgentLoop
@@ -76,15 +74,7 @@ class ScriptedServer:
 
 def run_loop(config, tokenizer, server):
     async def go():
-        loop = BfclAgentLoop(
-            trainer_config=DictConfigWrap(config),
-            server_manager=server,
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(config.data),
-            hf_model_type="llama",
-        )
+        loop = BfclAgentLoop.outside_workers(config, tokenizer, server, hf_model_type="llama")
         params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
         extra = {"task_id": TASK, "split": "val", "category": "base"}
         return await loop.run(params, extra_info=extra, raw_prompt=[])

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import OmegaConf
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from seal.agent_loop import BfclAgentLoop
 from seal.launch.recipe import compose_recipe
@@ -32,12 +30,4 @@ def make_config(**overrides):
 
 
 def make_loop(config, tokenizer, server) -> BfclAgentLoop:
-    return BfclAgentLoop(
-        trainer_config=DictConfigWrap(config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-        hf_model_type="qwen2",
-    )
+    return BfclAgentLoop.outside_workers(config, tokenizer, server, hf_model_type="qwen2")
