@@ -21,7 +21,7 @@ Invariants: no request answers 5xx (a step may answer 4xx: a lone surrogate in t
 every reply is valid Unicode (``env_service.json_safe.valid_text``); every episode evaluates (a verdict, a reward in
 [0, 1]); nothing propagates out of ``BfclAgentLoop.run`` and no episode of a healthy service fails there; no episode
 failure, lost episode or worker restart in the service's ``/health``; no environment turn of the loop's context holds
-a control token beyond its chat template's own (``TemplateTokens``). ``tests/test_model_output_fuzz.py`` runs both
+a control token beyond its chat template's own (``TemplateTokens``). ``tests/rollout/test_model_output_fuzz.py`` runs both
 layers bounded (derandomized) and shows that a broken reply check is caught.
 """
 
@@ -384,20 +384,11 @@ def run_loop(
 ):
     """One ``BfclAgentLoop.run`` whose generations are ``messages`` (or ``server``'s); ``env_params`` update the
     recipe's env block; ``prepare(loop)`` runs before it (a test's hook)."""
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
     from seal.agent_loop import BfclAgentLoop
 
     async def go():
-        loop = BfclAgentLoop(
-            trainer_config=DictConfigWrap(config),
-            server_manager=server or ScriptedServer(tokenizer, messages),
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(config.data),
-            hf_model_type=hf_model_type,
+        loop = BfclAgentLoop.outside_workers(
+            config, tokenizer, server or ScriptedServer(tokenizer, messages), hf_model_type=hf_model_type
         )
         if env_params is not None:
             loop.env_params = {**loop.env_params, **env_params}

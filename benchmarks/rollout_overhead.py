@@ -181,20 +181,10 @@ def make_engine(config):
 
 
 def make_loop(config, tokenizer, server):
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-    from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from seal.agent_loop import BfclAgentLoop
 
-    return BfclAgentLoop(
-        trainer_config=DictConfigWrap(config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-        hf_model_type="qwen2",
-    )
+    return BfclAgentLoop.outside_workers(config, tokenizer, server, hf_model_type="qwen2")
 
 
 async def run_episodes(config, tokenizer, engine, episodes: int, concurrency: int) -> tuple[Timings, float]:

@@ -1,6 +1,6 @@
 """The BFCL environment service: episodes of BFCL V3 multi-turn (and V4 out-of-distribution) tasks behind an HTTP API.
 
-Layers, top to bottom; a layer imports only the layers below it (``tests/test_imports.py`` checks it):
+Layers, top to bottom; a layer imports only the layers below it (``tests/house/test_imports.py`` checks it):
 
 * ``http/``: the HTTP front and its limits (the FastAPI app, connection and request budgets, the shared secret,
   the endpoint table).

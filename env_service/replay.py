@@ -29,7 +29,7 @@ from env_service.vocabulary import ERROR_MARKER
 ADVANCE_TEXT = "Done."
 
 #: Tasks whose ground truth cannot pass while ``enforce_available_tools`` is on (found by replaying all
-#: 800 tasks; ``tests/test_episode.py`` re-derives the list from the data). Task id -> reason.
+#: 800 tasks; ``tests/env/test_episode.py`` re-derives the list from the data). Task id -> reason.
 UNSOLVABLE_WITH_ENFORCED_TOOLS: dict[str, str] = {
     "multi_turn_miss_func_49": (
         "GT turn 1 calls `tail`, which is held out (with `wc` and `cat`) until turn 3: the call is rejected "

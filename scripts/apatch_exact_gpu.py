@@ -20,7 +20,7 @@ released optimizer), on a model of the Qwen2.5 architecture as verl's FSDP2 engi
 Everything is printed and written to ``<out>/apatch_exact_gpu.json``. Not yet run on a GPU: its timing is estimated,
 not measured (the 0.5B model's update on 3 sequences of ~3.6k tokens is well under a second on an H100-class GPU;
 the warm start's steps dominate). ``--smoke`` runs the same code on CPU with a 2-layer model, the prompt cut to its
-last 64 tokens and a few warm-start steps (``tests/test_apatch_exact.py`` runs it).
+last 64 tokens and a few warm-start steps (``tests/e2e/test_apatch_exact.py`` runs it).
 """
 
 from __future__ import annotations

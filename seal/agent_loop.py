@@ -138,6 +138,24 @@ class Trajectory:
 class BfclAgentLoop(AgentLoopBase):
     """Runs one BFCL episode against the environment service and returns it as a verl ``AgentLoopOutput``."""
 
+    @classmethod
+    def outside_workers(cls, config, tokenizer, server, hf_model_type: str = "qwen2") -> BfclAgentLoop:
+        """The loop as verl's agent-loop worker builds it, for a composed ``config``, a tokenizer and any object with
+        verl's server-manager ``generate`` (a real or scripted server): the tests and benchmarks that run it in-process.
+        Build it inside the event loop that runs it (verl's ``AgentLoopBase`` binds to the running loop)."""
+        from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+        from verl.utils.dataset.rl_dataset import RLHFDataset
+
+        return cls(
+            trainer_config=DictConfigWrap(config),
+            server_manager=server,
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(config.data),
+            hf_model_type=hf_model_type,
+        )
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         seal_cfg = self.config.seal

@@ -41,7 +41,7 @@ def tokenizer(tiny_dir):
 def other_client_address() -> str:
     """A local address beyond loopback: connections to 127.0.0.1 from it are another client to the env service (all
     of loopback is one client). Skips the test on a machine without one."""
-    from test_env_budgets import BENCHMARK  # the benchmark's lookup: its innocent and attackers need one too
+    from tests.support.env_attacks import BENCHMARK  # the benchmark's lookup: its innocent and attackers need one too
 
     address = BENCHMARK.another_client_address()
     if address is None:

@@ -28,7 +28,7 @@ arguments on as given), so no call is kept or run beyond them whichever mode rea
 The ``<tool_call>`` matcher is a linear-time equivalent of the released parser's regular expression
 :data:`TOOL_CALL_PATTERN` (whose backtracking is quadratic on unterminated, repeated blocks — a real
 degenerate-policy output), and the Markdown-fence reader one of :data:`FENCE_PATTERN` (cubic on runs of blanks);
-``tests/test_parser.py`` checks both equivalences on random inputs, ``tests/test_parser_cost.py`` that reading any
+``tests/env/test_parser.py`` checks both equivalences on random inputs, ``tests/env/test_parser_cost.py`` that reading any
 message costs linear time in its length. Every other pattern here is linear: keep it so (no two quantifiers that can
 take the same characters side by side).
 """

@@ -2,7 +2,7 @@
 
 The constant texts come from bfcl-eval 2026.3.23 (``bfcl_eval.constants.default_prompts`` and
 ``bfcl_eval.utils._get_language_specific_hint``); they are written out here rather than imported
-because only ``env_service.bfcl.upstream`` may import bfcl internals. ``tests/test_episode.py`` checks them
+because only ``env_service.bfcl.upstream`` may import bfcl internals. ``tests/env/test_episode.py`` checks them
 against the installed package.
 
 Nothing here mutates its inputs: tool docs belong to the task (and, through ``tasks.load_task``'s copy,

@@ -5,7 +5,7 @@ seal's keys come with the comments of ``seal_defaults.yaml`` (on the key's line,
 verl's with the comments its own config files put above each field (verl's CI keeps them there), found by walking
 the schema's defaults list file by file. Keys a dataclass reads but no YAML lists say so. The generated part of
 ``docs/recipes.md`` lies between :data:`BEGIN` and :data:`END`; ``python -m seal.config docs`` rewrites it and
-``tests/test_docs.py`` fails when it is stale.
+``tests/house/test_docs.py`` fails when it is stale.
 """
 
 from __future__ import annotations

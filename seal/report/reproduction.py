@@ -11,7 +11,7 @@ it (:data:`PAPER_METHOD`), which has its own line in Table 1 and no paper cell t
 ``seal/config/swap/cpu.yaml`` (hardware, rollout backend, model, sizes, steps, tasks) added to each training and
 evaluation command as ``+swap=cpu``, the tiny model in place of a hub model, a stub endpoint in place of a served
 checkpoint, and the task selection and ``--val-file`` that follow the swapped task files. Everything else comes
-from the GPU recipe. ``tests/test_reproduce.py`` checks that a rehearsal command differs from its plan command in
+from the GPU recipe. ``tests/eval/test_reproduce.py`` checks that a rehearsal command differs from its plan command in
 nothing else.
 
 Folder layout under ``out`` (``scripts/make_tables.py`` finds rows by folder name):
