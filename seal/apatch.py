@@ -88,7 +88,7 @@ VOCABULARY_FIELD = {"progress_tags": "tags", "paper_labels": "labels"}
 
 # ---------------------------------------------------------------------------------------- config
 # The blocks are read like the environment's (``env_service/config_blocks.py``): an unknown key or a bad value is a
-# ``ValueError`` naming its path (``apatch.dynamic.ema_beta``); an empty YAML block (``dynamic:``) reads as the defaults.
+# ``ValueError`` naming its path (``seal.apatch.dynamic.ema_beta``); an empty YAML block (``dynamic:``) reads as the defaults.
 def _weights(defaults: Mapping[str, float]):
     """A tag -> weight map merged on top of ``defaults`` (after reading, the field holds the merged map)."""
 
@@ -159,7 +159,7 @@ class APatchConfig(ConfigBlock):
         return self.max_scale if self.budget.max_scale is None else self.budget.max_scale
 
     @classmethod
-    def from_dict(cls, data: Any, *, path: str = "apatch") -> APatchConfig:
+    def from_dict(cls, data: Any, *, path: str = "seal.apatch") -> APatchConfig:
         """Build from the recipe's ``seal.apatch`` block (upstream ``tocf.advantage.apatch``; plain or OmegaConf).
         Unknown keys raise ``ValueError``; missing keys take the defaults; zeros stay zeros."""
         from omegaconf import DictConfig, OmegaConf
