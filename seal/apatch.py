@@ -18,11 +18,23 @@ docs/method.md derives both; docs/upstream-differences.md lists where this modul
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from env_service.config_blocks import (
+    ConfigBlock,
+    block,
+    boolean,
+    choice,
+    integer,
+    key_error,
+    nonempty_string,
+    number,
+    optional,
+    setting,
+    strings,
+)
 from env_service.vocabulary import (
     LABEL_ARGUMENT_MISMATCH,
     LABEL_INVALID_TOOL_CALL,
@@ -75,82 +87,68 @@ VOCABULARY_FIELD = {"progress_tags": "tags", "paper_labels": "labels"}
 
 
 # ---------------------------------------------------------------------------------------- config
-@dataclass
-class DynamicConfig:
-    enable: bool = True
-    ema_beta: float = 0.25
-    prevalence_alpha: float = 1.0
-    confidence_samples: int = 32
+# The blocks are read like the environment's (``env_service/config_blocks.py``): an unknown key or a bad value is a
+# ``ValueError`` naming its path (``seal.apatch.dynamic.ema_beta``); an empty YAML block (``dynamic:``) reads as the defaults.
+def _weights(defaults: Mapping[str, float]):
+    """A tag -> weight map merged on top of ``defaults`` (after reading, the field holds the merged map)."""
 
-    def __post_init__(self) -> None:
-        p = "apatch.dynamic"
-        _require_bool(f"{p}.enable", self.enable)
-        self.ema_beta = _require_number(f"{p}.ema_beta", self.ema_beta, lo=0.0, hi=1.0)
-        self.prevalence_alpha = _require_number(f"{p}.prevalence_alpha", self.prevalence_alpha, lo=0.0)
-        self.confidence_samples = _require_int(f"{p}.confidence_samples", self.confidence_samples, lo=0)
+    def check(value: Any, key: str) -> dict[str, float]:
+        if value is None:
+            return dict(defaults)
+        if not isinstance(value, Mapping):
+            raise key_error(key, "a mapping tag -> weight", value)
+        merged = dict(defaults)
+        for tag, weight in value.items():
+            merged[str(tag)] = number(lo=0.0)(weight, f"{key}.{tag}")
+        return merged
 
-
-@dataclass
-class BudgetConfig:
-    enable: bool = False
-    strength: float = 1.0
-    min_scale: float | None = None  # None → the A-Patch min_scale
-    max_scale: float | None = None  # None → the A-Patch max_scale
-    target_mean: float | None = None  # None → no mean renormalisation
-
-    def __post_init__(self) -> None:
-        p = "apatch.budget"
-        _require_bool(f"{p}.enable", self.enable)
-        self.strength = _require_number(f"{p}.strength", self.strength, lo=0.0)
-        if self.min_scale is not None:
-            self.min_scale = _require_number(f"{p}.min_scale", self.min_scale, lo=0.0, lo_open=True)
-        if self.max_scale is not None:
-            self.max_scale = _require_number(f"{p}.max_scale", self.max_scale, lo=0.0, lo_open=True)
-        if self.target_mean is not None:
-            self.target_mean = _require_number(f"{p}.target_mean", self.target_mean, lo=0.0, lo_open=True)
+    return check
 
 
-@dataclass
-class APatchConfig:
-    enable: bool = False
-    min_scale: float = 0.5
-    max_scale: float = 2.0
-    apply_to: str = "all"
-    metric_prefix: str = "seal/apatch"
-    warmup_steps: int = 0
-    vocabulary: str = "progress_tags"
-    # Overrides merged on top of DEFAULT_TAG_WEIGHTS / DEFAULT_LABEL_WEIGHTS (after construction the
-    # field holds the merged map).
-    tag_weights: dict[str, float] = field(default_factory=dict)
-    label_weights: dict[str, float] = field(default_factory=dict)
-    excluded_tags: tuple[str, ...] = SCORER_TAGS
-    dynamic: DynamicConfig = field(default_factory=DynamicConfig)
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
+_SCALE = number(above=0.0)
 
-    def __post_init__(self) -> None:
-        _require_bool("apatch.enable", self.enable)
-        self.min_scale = _require_number("apatch.min_scale", self.min_scale, lo=0.0, lo_open=True)
-        self.max_scale = _require_number("apatch.max_scale", self.max_scale, lo=0.0, lo_open=True)
+
+@dataclass(frozen=True)
+class DynamicConfig(ConfigBlock):
+    enable: bool = setting(True, boolean)
+    ema_beta: float = setting(0.25, number(0.0, 1.0))
+    prevalence_alpha: float = setting(1.0, number(lo=0.0))
+    confidence_samples: int = setting(32, integer(minimum=0))
+
+
+@dataclass(frozen=True)
+class BudgetConfig(ConfigBlock):
+    enable: bool = setting(False, boolean)
+    strength: float = setting(1.0, number(lo=0.0))
+    min_scale: float | None = setting(None, optional(_SCALE))  # None → the A-Patch min_scale
+    max_scale: float | None = setting(None, optional(_SCALE))  # None → the A-Patch max_scale
+    target_mean: float | None = setting(None, optional(_SCALE))  # None → no mean renormalisation
+
+
+@dataclass(frozen=True)
+class APatchConfig(ConfigBlock):
+    enable: bool = setting(False, boolean)
+    min_scale: float = setting(0.5, _SCALE)
+    max_scale: float = setting(2.0, _SCALE)
+    apply_to: str = setting("all", choice(APPLY_TO))
+    metric_prefix: str = setting("seal/apatch", nonempty_string)
+    warmup_steps: int = setting(0, integer(minimum=0))
+    vocabulary: str = setting("progress_tags", choice(VOCABULARIES))
+    # Overrides merged on top of DEFAULT_TAG_WEIGHTS / DEFAULT_LABEL_WEIGHTS.
+    tag_weights: dict[str, float] = setting(dict(DEFAULT_TAG_WEIGHTS), _weights(DEFAULT_TAG_WEIGHTS))
+    label_weights: dict[str, float] = setting(dict(DEFAULT_LABEL_WEIGHTS), _weights(DEFAULT_LABEL_WEIGHTS))
+    excluded_tags: tuple[str, ...] = setting(SCORER_TAGS, strings)
+    dynamic: DynamicConfig = setting(DynamicConfig(), block(DynamicConfig))
+    budget: BudgetConfig = setting(BudgetConfig(), block(BudgetConfig))
+
+    def check_fields(self, path: str) -> None:
         if self.min_scale > self.max_scale:
-            raise ValueError(f"apatch.min_scale ({self.min_scale}) must be <= apatch.max_scale ({self.max_scale})")
-        _require_choice("apatch.apply_to", self.apply_to, APPLY_TO)
-        _require_choice("apatch.vocabulary", self.vocabulary, VOCABULARIES)
-        if not isinstance(self.metric_prefix, str) or not self.metric_prefix:
-            raise ValueError(f"apatch.metric_prefix must be a non-empty string, got {self.metric_prefix!r}")
-        self.warmup_steps = _require_int("apatch.warmup_steps", self.warmup_steps, lo=0)
-        self.tag_weights = _merge_weights("apatch.tag_weights", DEFAULT_TAG_WEIGHTS, self.tag_weights)
-        self.label_weights = _merge_weights("apatch.label_weights", DEFAULT_LABEL_WEIGHTS, self.label_weights)
-        self.excluded_tags = _require_str_tuple("apatch.excluded_tags", self.excluded_tags)
-        if isinstance(self.dynamic, Mapping):
-            self.dynamic = _build(DynamicConfig, self.dynamic, "apatch.dynamic")
-        if isinstance(self.budget, Mapping):
-            self.budget = _build(BudgetConfig, self.budget, "apatch.budget")
-        if not isinstance(self.dynamic, DynamicConfig) or not isinstance(self.budget, BudgetConfig):
-            raise ValueError("apatch.dynamic / apatch.budget must be mappings")
-        lo = self.budget_min_scale
-        hi = self.budget_max_scale
-        if lo > hi:
-            raise ValueError(f"apatch.budget.min_scale ({lo}) must be <= apatch.budget.max_scale ({hi})")
+            raise ValueError(f"{path}.min_scale ({self.min_scale}) must be <= {path}.max_scale ({self.max_scale})")
+        if self.budget_min_scale > self.budget_max_scale:
+            raise ValueError(
+                f"{path}.budget.min_scale ({self.budget_min_scale}) must be <= {path}.budget.max_scale "
+                f"({self.budget_max_scale})"
+            )
 
     @property
     def budget_min_scale(self) -> float:
@@ -161,82 +159,14 @@ class APatchConfig:
         return self.max_scale if self.budget.max_scale is None else self.budget.max_scale
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any] | None) -> APatchConfig:
+    def from_dict(cls, data: Any, *, path: str = "seal.apatch") -> APatchConfig:
         """Build from the recipe's ``seal.apatch`` block (upstream ``tocf.advantage.apatch``; plain or OmegaConf).
         Unknown keys raise ``ValueError``; missing keys take the defaults; zeros stay zeros."""
-        return _build(cls, _plain(raw), "apatch")
+        from omegaconf import DictConfig, OmegaConf
 
-
-def _plain(raw: Any, where: str = "apatch") -> dict[str, Any]:
-    if raw is None:
-        return {}
-    try:  # OmegaConf containers → plain python, so the key checks below see real keys
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(raw, (DictConfig, ListConfig)):
-            raw = OmegaConf.to_container(raw, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with verl
-        pass
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {type(raw).__name__}")
-    return dict(raw)
-
-
-def _build(cls, raw: Mapping[str, Any], where: str):
-    raw = _plain(raw, where)
-    allowed = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ValueError(f"unknown key(s) in {where}: {unknown}; allowed: {sorted(allowed)}")
-    kwargs = dict(raw)
-    # An empty YAML block (`dynamic:` / `tag_weights:` with nothing under it) reads as None: defaults.
-    for key in ("dynamic", "budget", "tag_weights", "label_weights"):
-        if key in kwargs and kwargs[key] is None:
-            del kwargs[key]
-    return cls(**kwargs)
-
-
-def _require_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
-def _require_number(name, value, lo=None, hi=None, lo_open=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    value = float(value)
-    if lo is not None and (value < lo or (lo_open and value == lo)):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name} must be <= {hi}, got {value}")
-    return value
-
-
-def _require_int(name, value, lo=None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    return value
-
-
-def _require_choice(name, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
-def _require_str_tuple(name, value) -> tuple[str, ...]:
-    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{name} must be a list of tag names, got {value!r}")
-    return tuple(value)
-
-
-def _merge_weights(name: str, defaults: Mapping[str, float], overrides: Any) -> dict[str, float]:
-    overrides = _plain(overrides, name)
-    merged = dict(defaults)
-    for tag, weight in overrides.items():
-        merged[str(tag)] = _require_number(f"{name}.{tag}", weight, lo=0.0)
-    return merged
+        if isinstance(data, DictConfig):  # OmegaConf → plain python, so the key checks see real keys
+            data = OmegaConf.to_container(data, resolve=True)
+        return super().from_dict(data, path=path)
 
 
 def resolve_weights(cfg: APatchConfig) -> dict[str, float]:
@@ -246,7 +176,7 @@ def resolve_weights(cfg: APatchConfig) -> dict[str, float]:
 
 def vocabulary_field(vocabulary: str) -> str:
     """Trajectory field (``tags`` or ``labels``) that feeds A-Patch and the capability state."""
-    _require_choice("vocabulary", vocabulary, VOCABULARIES)
+    choice(VOCABULARIES)(vocabulary, "vocabulary")
     return VOCABULARY_FIELD[vocabulary]
 
 
@@ -310,7 +240,7 @@ def scale_advantages(advantages: torch.Tensor, scales: Sequence[float], apply_to
     """Multiply row i by scales[i] — all entries, or only positive / only negative ones."""
     import torch
 
-    _require_choice("apply_to", apply_to, APPLY_TO)
+    choice(APPLY_TO)(apply_to, "apply_to")
     shape = (advantages.shape[0],) + (1,) * (advantages.dim() - 1)
     s = torch.as_tensor(list(scales), dtype=advantages.dtype, device=advantages.device).view(shape)
     if apply_to == "all":

@@ -98,15 +98,11 @@ def seal_block_problems(config: DictConfig) -> list[str]:
 
     seal = OmegaConf.to_container(config.seal, resolve=True)
     problems = []
-    readers = {
-        "apatch": APatchConfig.from_dict,
-        "reward": lambda block: RewardConfig.from_dict(block, path="seal.reward"),
-    }
-    for block, read in readers.items():
+    for block, reader in (("apatch", APatchConfig), ("reward", RewardConfig)):
         try:
-            read(seal.get(block))
-        except (ValueError, TypeError) as exc:
-            problems.append(f"seal.{block}: {exc}")
+            reader.from_dict(seal.get(block), path=f"seal.{block}")
+        except (ValueError, TypeError) as exc:  # the message names the key's path
+            problems.append(str(exc))
     leaves: dict[str, Any] = {}
     _flatten(seal, "", leaves)
     problems += [problem for key in SEAL_RULES if key in leaves and (problem := rule_problem(key, leaves[key]))]

@@ -358,8 +358,8 @@ def cpu_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def worker_threads() -> str:
-    """Torch threads for every Ray worker of a CPU run: ``OMP_NUM_THREADS`` if the user set it, else every core
-    this process may use.
+    """Torch threads for every Ray worker of a CPU run: ``OMP_NUM_THREADS`` if the user set it, else every CPU
+    this process may use (its affinity, fewer under a cgroup CPU quota).
 
     Ray pins OMP_NUM_THREADS=1 in every worker unless the runtime env sets it; one thread makes the trainer worker's
     log-prob and update passes (152k-vocab logits), the CPU path's bottleneck, many times slower. All cores is
@@ -368,8 +368,9 @@ def worker_threads() -> str:
     user = os.environ.get("OMP_NUM_THREADS", "").strip()
     if user.isdigit() and int(user) > 0:
         return user
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return str(max(len(cores), 1))
+    from env_service.workers.sizing import CGROUP_ROOT, usable_cpus
+
+    return str(usable_cpus(CGROUP_ROOT)[0])  # the count the env workers are sized by: affinity, cgroup quota
 
 
 def _merge_module_list(existing: str, ours: str) -> str:

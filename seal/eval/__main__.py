@@ -268,7 +268,7 @@ def _run_endpoint(args, out_dir: str, results_path: str, selection) -> int:
         model=args.model,
         api_key=args.api_key,
         max_tokens=args.max_tokens,
-        max_model_calls=args.max_model_calls or 20,
+        max_model_calls=args.max_model_calls or EndpointSettings.max_model_calls,
         tokenizer=_tokenizer_of(args),
     )
     shared = {

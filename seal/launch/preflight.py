@@ -321,8 +321,6 @@ def _check_lengths(config, problems):
             f"seal.rollout.max_env_tokens ({env_tokens}) + response_length ({response}) exceeds max_model_len "
             f"({max_model_len}): one environment message and one reply must fit in the context"
         )
-    if int(config.seal.rollout.max_model_calls) < 1:
-        problems.append("seal.rollout.max_model_calls must be >= 1")
 
 
 def _check_prompt_budget(config, problems):

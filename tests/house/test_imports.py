@@ -157,7 +157,7 @@ def test_the_environment_table_in_the_architecture_doc_is_in_dependency_order():
 
 #: env_service's layers, bottom to top (the folder names; "" is a module directly in env_service/).
 ENV_LAYERS = {"base": 0, "bfcl": 1, "workers": 2, "episodes": 3, "http": 4, "top": 5}
-ENV_BASE = {"vocabulary", "errors", "files", "json_safe", "sizes", "abandon", "control_text"}
+ENV_BASE = {"vocabulary", "errors", "files", "json_safe", "sizes", "abandon", "control_text", "config_blocks"}
 
 
 def env_layer(module: str) -> int:

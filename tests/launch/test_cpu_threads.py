@@ -33,11 +33,17 @@ def test_a_thread_count_in_the_recipes_runtime_env_wins(monkeypatch):
     assert env.env_vars.VERL_PLATFORM == cpu_runtime_env()["VERL_PLATFORM"]  # ours still there
 
 
-def test_without_one_every_usable_core(monkeypatch):
+def test_without_one_every_usable_cpu_as_the_env_workers_count_them(monkeypatch, tmp_path):
+    from env_service.workers import sizing
+
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(sizing, "CGROUP_ROOT", tmp_path)  # no cgroup files: the affinity alone
     assert worker_threads() == str(len(os.sched_getaffinity(0)))
     monkeypatch.setenv("OMP_NUM_THREADS", "not-a-number")
     assert worker_threads() == str(len(os.sched_getaffinity(0)))
+    # a cgroup CPU quota of half a CPU: one thread, however many CPUs the affinity lists (the env workers' count)
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert worker_threads() == "1" == str(sizing.usable_cpus(tmp_path)[0])
 
 
 @pytest.mark.parametrize("user", ["1", None])

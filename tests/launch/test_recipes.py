@@ -321,8 +321,8 @@ def test_launcher_refuses_an_unreachable_environment_service(capsys):
 @pytest.mark.parametrize(
     "override, says",
     [
-        ("seal.apatch.apply_to=bogus", "apatch.apply_to must be one of ['all', 'positive_advantage'"),
-        ("seal.apatch.dynamic.ema_beta=2", "apatch.dynamic.ema_beta must be <= 1.0"),
+        ("seal.apatch.apply_to=bogus", "config key 'seal.apatch.apply_to': expected one of all, positive_advantage"),
+        ("seal.apatch.dynamic.ema_beta=2", "config key 'seal.apatch.dynamic.ema_beta': must be within [0.0, 1.0]"),
         ("seal.reward.mode=bogus", "seal.reward.mode': expected one of binary, capped, t3rl"),
         ("seal.checkpoint.best_mode=up", "seal.checkpoint.best_mode must be max or min, got 'up'"),
         ("seal.validation.max_env_failure_share=2", "seal.validation.max_env_failure_share must be a share"),
