@@ -331,24 +331,6 @@ def fuzz_service(url: str, examples: int, seed: int | None = None, shrink: bool 
 # -- the agent-loop layer -------------------------------------------------------------------------
 
 
-class ScriptedServer:
-    """verl's generation-server interface answering each generation with the next scripted message, as the real
-    tokenizer's token ids, then the end-of-turn token ``end`` (a plain "Done." once the script is used up).
-    The text is tokenized as a model writes it: markup such as ``<tool_call>`` as its added token, except that with
-    ``ordinary`` every character is an ordinary token (a model can write a control string's text, piece by piece)."""
-
-    def __init__(self, tokenizer, messages: list[str], end: str = "<|im_end|>", ordinary: bool = False):
-        self.end = tokenizer.convert_tokens_to_ids(end)
-        self.tokenizer, self.messages, self.ordinary = tokenizer, list(messages), ordinary
-
-    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
-        from verl.workers.rollout.replica import TokenOutput
-
-        text = self.messages.pop(0) if self.messages else "Done."
-        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=self.ordinary)
-        return TokenOutput(token_ids=ids + [self.end])
-
-
 def loop_config(url: str, max_model_calls: int = 4, overrides: tuple[str, ...] = ()):
     """The CPU recipe's trainer config with the agent loop's service at ``url`` (and Hydra ``overrides``)."""
     from omegaconf import OmegaConf
@@ -385,10 +367,11 @@ def run_loop(
     """One ``BfclAgentLoop.run`` whose generations are ``messages`` (or ``server``'s); ``env_params`` update the
     recipe's env block; ``prepare(loop)`` runs before it (a test's hook)."""
     from seal.agent_loop import BfclAgentLoop
+    from seal.cpu.scripted_rollout import FixedReplies
 
     async def go():
         loop = BfclAgentLoop.outside_workers(
-            config, tokenizer, server or ScriptedServer(tokenizer, messages), hf_model_type=hf_model_type
+            config, tokenizer, server or FixedReplies(tokenizer, messages), hf_model_type=hf_model_type
         )
         if env_params is not None:
             loop.env_params = {**loop.env_params, **env_params}

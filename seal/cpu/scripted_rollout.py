@@ -196,6 +196,28 @@ class ScriptedServer(IdleServer):
         return {"loaded": len(dict(weights.items() if isinstance(weights, dict) else weights))}
 
 
+class FixedReplies:
+    """verl's server-manager ``generate`` answering each call with the next of a fixed list of messages (a plain
+    "Done." once they are used up), for the agent loop run outside verl's workers (``BfclAgentLoop.outside_workers``:
+    tests and benchmarks). Each message is tokenized as a model writes it, markup such as ``<tool_call>`` as its added
+    token (with ``ordinary``, every character an ordinary token: a model can write a control string's text piece by
+    piece), then the end-of-turn token ``end``; every token's log-prob is ``LOG_PROB``. ``prompts``: what each call was
+    shown."""
+
+    LOG_PROB = -0.5
+
+    def __init__(self, tokenizer, messages: list[str], end: str = "<|im_end|>", ordinary: bool = False):
+        self.tokenizer, self.messages, self.ordinary = tokenizer, list(messages), ordinary
+        self.end = tokenizer.convert_tokens_to_ids(end)
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.prompts.append(list(prompt_ids))
+        text = self.messages.pop(0) if self.messages else "Done."
+        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=self.ordinary) + [self.end]
+        return TokenOutput(token_ids=ids, log_probs=[self.LOG_PROB] * len(ids))
+
+
 def _question(task, turn: int) -> str:
     """The text the environment opens ``task``'s ``turn`` with: its question, or for a missing-function turn (no
     question) the message that reveals the functions."""

@@ -26,6 +26,7 @@ from env_service.bfcl.config import EnvConfig
 from env_service.bfcl.tasks import load_task
 from env_service.control_text import ESCAPE, FRAMING, ControlText
 from env_service.replay import trace_ground_truth
+from seal.cpu.scripted_rollout import FixedReplies
 from tests.support.processes import repo_script
 
 FUZZ = repo_script("benchmarks/fuzz_model_output.py")
@@ -114,7 +115,7 @@ def run_backbone(backbone: str, tokenizer, control: bool = False):
     strings = control_strings(tokenizer)
     turn = BACKBONES[backbone][4]
     messages = script(backbone, markers(strings), harmless(turn, strings)) if control else script(backbone, strings)
-    server = FUZZ.ScriptedServer(tokenizer, messages, end=end, ordinary=True)
+    server = FixedReplies(tokenizer, messages, end=end, ordinary=True)
 
     def prepare(loop):
         loop.eos_id = tokenizer.convert_tokens_to_ids(end)

@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from seal.agent_loop import BfclAgentLoop  # noqa: E402
+from seal.cpu.scripted_rollout import FixedReplies  # noqa: E402
 from seal.launch.recipe import compose_recipe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,17 +27,6 @@ TASK = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI
 
 def call(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-class ScriptedServer:
-    """verl's server-manager interface answering each generation with the next scripted reply."""
-
-    def __init__(self, tokenizer, replies: list[str]):
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.replies = [tokenizer.encode(text, add_special_tokens=False) + [end] for text in replies]
-
-    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
-        return TokenOutput(token_ids=self.replies.pop(0))
 
 
 def test_env_errors_follow_the_structured_error_type(tokenizer):
@@ -58,9 +47,7 @@ def test_env_errors_follow_the_structured_error_type(tokenizer):
     OmegaConf.resolve(config)
 
     async def go():
-        loop = BfclAgentLoop.outside_workers(
-            config, tokenizer, ScriptedServer(tokenizer, replies), hf_model_type="qwen2"
-        )
+        loop = BfclAgentLoop.outside_workers(config, tokenizer, FixedReplies(tokenizer, replies), hf_model_type="qwen2")
         params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
         return await loop.run(params, extra_info={"task_id": TASK, "split": "validate"}, raw_prompt=[])
 

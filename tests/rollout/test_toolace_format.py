@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from env_service.client import InProcessEnvClient
 from seal.agent_loop import BfclAgentLoop
+from seal.cpu.scripted_rollout import FixedReplies
 from seal.launch.recipe import compose_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,23 +56,6 @@ def bfcl_history_with_results(messages: list[dict], results: list[str]) -> list[
     return handler._add_execution_results_prompting(data, results, {})["message"]
 
 
-class ScriptedServer:
-    """verl's server-manager interface replaying fixed model replies; records what each call was shown."""
-
-    def __init__(self, tokenizer, replies: list[str]):
-        self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
-
-    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
-        from verl.workers.rollout.replica import TokenOutput
-
-        self.prompts.append(list(prompt_ids))
-        text = self.replies.pop(0) if self.replies else ""
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [
-            self.tokenizer.convert_tokens_to_ids("<|eot_id|>")
-        ]
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
-
-
 def run_loop(config, tokenizer, server):
     async def go():
         loop = BfclAgentLoop.outside_workers(config, tokenizer, server, hf_model_type="llama")
@@ -95,7 +79,7 @@ def test_first_prompt_is_bfcl_llama_prompt_token_for_token(config, llama_tokeniz
     "call", ["[get_stock_info(symbol='ZETA')]", "[get_stock_info(symbol='ZETA'), get_stock_info(symbol='AAPL')]"]
 )
 def test_tool_results_come_back_as_ipython_turns_and_turns_end_with_eot(config, llama_tokenizer, call):
-    server = ScriptedServer(llama_tokenizer, [call, ""])
+    server = FixedReplies(llama_tokenizer, [call, ""], end="<|eot_id|>")
     out = run_loop(config, llama_tokenizer, server)
     assert len(server.prompts) >= 2
     first = llama_tokenizer.decode(server.prompts[0])
