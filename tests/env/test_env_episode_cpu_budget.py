@@ -1,4 +1,4 @@
-"""Round 4: the CPU time an episode's messages use is budgeted over the whole episode, not only per call and per
+"""The CPU time an episode's messages use is budgeted over the whole episode, not only per call and per
 message. Against a real service with a worker process: an episode that keeps sending messages whose calls each stay
 within their own budgets ends once its messages used ``episode_cpu_budget_s`` together."""
 

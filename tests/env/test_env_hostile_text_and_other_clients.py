@@ -1,4 +1,4 @@
-"""Round two of the adversary against a real service (loopback HTTP, one worker process): whatever a policy
+"""Hostile model text and other clients against a real service (loopback HTTP, one worker process): whatever a policy
 writes, or another client on the machine sends, costs only the sender.
 
 * model text shaped to exhaust a parser's depth is an error text the model reads, not a 500;

@@ -1,4 +1,4 @@
-"""Round 4 of the real service on 127.0.0.1 (a real uvicorn server, real worker processes where the hole is theirs):
+"""The real service on 127.0.0.1 (a real uvicorn server, real worker processes where the hole is theirs):
 requests whose client is gone, answers that are never read, and header abuse before authentication."""
 
 from __future__ import annotations

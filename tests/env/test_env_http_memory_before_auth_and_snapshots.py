@@ -1,4 +1,4 @@
-"""Round 3 of the real service's HTTP limits on 127.0.0.1: pipelined requests and request bodies in flight cost
+"""The real service's HTTP limits on 127.0.0.1: pipelined requests and request bodies in flight cost
 bounded memory before anyone is authenticated (the service's own RSS is measured: the server runs in this
 process), and malformed OOD memory snapshots are the client's error (4xx with one line), never a 500.
 """

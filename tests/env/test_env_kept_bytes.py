@@ -1,4 +1,4 @@
-"""Round 4: what the service keeps for a client is counted in bytes, measured. An idle episode counts what it holds
+"""What the service keeps for a client is counted in bytes, measured. An idle episode counts what it holds
 from its creation (checked against the memory the service and its worker really grow by); kept verdicts and failure
 profiles are kept as bytes and budgeted in bytes, per client and in total."""
 

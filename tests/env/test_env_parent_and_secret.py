@@ -1,4 +1,4 @@
-"""Round 4 of the service's process and file hygiene: ``serve --parent-pid`` follows the named process itself (not
+"""The service's process and file hygiene: ``serve --parent-pid`` follows the named process itself (not
 its place in the process tree), refuses at start when it cannot, and removes the secret file only once that process is
 gone; the secret file is written and read only where no one else can swap it (0600, a folder others cannot write, no
 symbolic link at its path)."""

@@ -1,5 +1,6 @@
-"""Round 7 of the environment service's holes (issue 41), each through the served process (``python -m env_service
-serve``, started by the env benchmark's ``ServiceProcess``) and real HTTP connections."""
+"""Clients gone mid-create, answers never read, and an episode moved off a worker busy with another's long message,
+each through the served process (``python -m env_service serve``, started by the env benchmark's
+``ServiceProcess``) and real HTTP connections."""
 
 from __future__ import annotations
 
