@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,8 @@ from seal.cpu import vllm_cpu  # noqa: E402  (stdlib only: safe before the VLLM_
 
 os.environ.update(vllm_cpu.runtime_env())
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from seal.eval.serve import free_port  # noqa: E402
 
 RECIPE = REPO / "exp" / "cpu_tiny_vllm.yaml"
 TINY_DIR = REPO / ".cache" / "tiny-qwen-h128"
@@ -125,12 +126,6 @@ def instrument(loop, timings: Timings) -> None:
     loop.ct_merge_context_msg = timed_async("token building", loop.ct_merge_context_msg)
     loop._clip_env_text = timed_sync("token building", loop._clip_env_text)
     loop._interact = timed_async("turns", loop._interact)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.apatch_overhead import measure  # noqa: E402
+from seal.eval.serve import free_port  # noqa: E402
 
 VANILLA_SWITCHES = [
     "env_service.bfcl.observation_lite.enable=false",
@@ -42,12 +42,6 @@ PARTS = (
     "timing_s/update_actor",
     "timing_s/seal_step",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_recipe(name: str, switches: list[str], steps: int, work: Path) -> dict[str, float]:

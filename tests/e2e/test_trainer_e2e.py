@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from env_service.bfcl.interface import CUES_HEADER
+from seal.eval.serve import free_port
 from seal.report.reproduction import swap_values
 from tests.support.processes import alive, kill_session, processes, service_and_workers, wait_for
 
@@ -26,12 +26,6 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_TASKS = {"multi_turn_miss_func_121", "multi_turn_miss_func_122"}  # data/cpu_tiny_train.parquet
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_dirs(tmp: Path) -> dict[str, Path]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from env_service.client import EnvClient, EnvServiceError, InProcessEnvClient, P
 from env_service.episodes.manager import MAX_RUN_PROFILES, EpisodeManager
 from env_service.http.auth import read_secret_file, resolve_secret
 from env_service.http.service import ServerThread
+from seal.eval.serve import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = "multi_turn_base_0"
@@ -149,12 +149,6 @@ def test_secret_sources(tmp_path, monkeypatch):
     assert resolve_secret() is None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_serve_cli_refuses_a_public_address_without_a_secret_and_enforces_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SEAL_ENV_SECRET"}
     refused = subprocess.run(
@@ -169,7 +163,7 @@ def test_serve_cli_refuses_a_public_address_without_a_secret_and_enforces_one(tm
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET)
     secret_file.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

