@@ -132,24 +132,14 @@ def peak_episodes(config) -> int:
     trainer = config.trainer
     if not (trainer.get("val_before_train") or int(trainer.get("test_freq") or 0) > 0 or trainer.get("val_only")):
         return train
-    rows = _rows(config.data.val_files)
+    from seal.launch.memory_estimate import data_rows
+
+    rows = data_rows(config.data.val_files)
     batch = int(config.data.val_batch_size) if config.data.get("val_batch_size") else rows
     batch = min(batch, rows) if rows else batch
     workers = max(int(rollout.agent.num_workers), 1)
     padded = -(-batch // workers) * workers
     return max(train, padded * int(rollout.val_kwargs.n))
-
-
-def _rows(files) -> int:
-    """Rows of the parquet files (0 for a file that is not there: preflight names it)."""
-    import pyarrow.parquet as pq
-
-    paths = [files] if isinstance(files, str) else list(files or [])
-    total = 0
-    for path in paths:
-        with contextlib.suppress(OSError):
-            total += pq.ParquetFile(str(path)).metadata.num_rows
-    return total
 
 
 class LocalService:
