@@ -372,9 +372,18 @@ def _check_batching(config, problems):
 
 
 def _check_estimator(config, problems, warnings):
+    import difflib
+
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, AdvantageEstimator
+
     from seal.advantage import SEAL_GRPO
 
     estimator = str(config.algorithm.adv_estimator)
+    known = sorted({e.value for e in AdvantageEstimator} | set(ADV_ESTIMATOR_REGISTRY))
+    if estimator not in known:  # verl would say so only in its first training step, after the workers are up
+        close = difflib.get_close_matches(estimator, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else f"; known: {', '.join(known)}"
+        problems.append(f"algorithm.adv_estimator {estimator!r} is not an estimator verl knows{hint}")
     if estimator in ("grpo", SEAL_GRPO) and int(config.actor_rollout_ref.rollout.n) < 2:
         problems.append("GRPO needs rollout.n >= 2 (advantages are relative within a group)")
     if estimator == "grpo":

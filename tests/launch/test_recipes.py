@@ -354,3 +354,10 @@ def test_verls_plain_grpo_is_allowed_with_a_warning_that_failed_episodes_enter_t
     assert any("enters its group as reward 0" in w for w in preflight(plain))
     recipe = compose_recipe(str(ROOT / "exp" / "cpu_tiny.yaml"))
     assert not any("enters its group" in w for w in preflight(recipe))
+
+
+def test_a_misspelt_estimator_is_refused_before_anything_starts_naming_the_nearest():
+    with pytest.raises(
+        PreflightError, match=r"'seal_grop' is not an estimator verl knows \(did you mean seal_grpo\?\)"
+    ):
+        preflight(compose_recipe(str(ROOT / "exp" / "cpu_tiny.yaml"), ["algorithm.adv_estimator=seal_grop"]))
