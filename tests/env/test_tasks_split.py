@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -20,6 +19,7 @@ from env_service.bfcl.tasks import (
     split_of,
     task_ids,
 )
+from tests.support.processes import repo_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -54,13 +54,6 @@ BASE_VAL = [
     198,
 ]
 PYTHON_HINT = "Note that the provided function is in Python 3 syntax"
-
-
-def _load_make_split():
-    spec = importlib.util.spec_from_file_location("make_split", ROOT / "scripts" / "make_split.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- tasks ----------------------------------------------------------------------------------------
@@ -184,7 +177,7 @@ def test_task_ids_per_split_order():
 
 
 def test_committed_files_reproduce_byte_for_byte(tmp_path):
-    make_split = _load_make_split()
+    make_split = repo_script("scripts/make_split.py")
     make_split.generate(tmp_path)
     for name in make_split.OUTPUT_FILES:
         assert (DATA / name).read_bytes() == (tmp_path / name).read_bytes(), name

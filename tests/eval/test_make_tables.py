@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -14,16 +13,10 @@ from scipy.stats import binomtest
 
 from seal import paper_numbers
 from seal.results.records import append_record, make_record
+from tests.support.processes import repo_script
 
 REPO = Path(__file__).resolve().parents[2]
 VAL_FILE = REPO / "data" / "bfcl_heldout.parquet"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("make_tables", REPO / "scripts" / "make_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def heldout_rows():
@@ -95,7 +88,7 @@ def runs(tmp_path_factory):
 
 
 def test_tables_put_the_papers_numbers_beside_ours(runs, tmp_path):
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert script.main([str(runs), "--out", str(tmp_path), "--val-file", str(VAL_FILE)]) == 0
     table1 = (tmp_path / "table1.md").read_text()
     seal_row = next(line for line in table1.splitlines() if line.startswith("| Qwen2.5-7B-Instruct + SEAL"))
@@ -117,7 +110,7 @@ def test_tables_put_the_papers_numbers_beside_ours(runs, tmp_path):
 
 
 def test_mcnemar_between_runs_on_the_same_tasks(runs, tmp_path):
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     loaded, _ = script.discover(str(runs), [], "last", str(VAL_FILE))
     assert loaded["qwen2.5-7b__seal"].verdicts is not None  # the validation dump lines up with the val file
     result = script.mcnemar(loaded["qwen2.5-7b__seal"].verdicts, loaded["qwen2.5-7b__base"].verdicts)
@@ -130,7 +123,7 @@ def test_mcnemar_between_runs_on_the_same_tasks(runs, tmp_path):
 
 
 def test_a_dump_that_does_not_line_up_is_not_used(runs, tmp_path):
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     other_val = tmp_path / "other.parquet"
     table = pq.read_table(VAL_FILE)
     pq.write_table(table.slice(1), other_val)  # a different val file: rows shifted
@@ -151,7 +144,7 @@ def row_of(text: str, label: str) -> str:
 
 
 def test_every_paper_cell_of_table1_ablation_and_ood_is_printed(runs, tmp_path):
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     script.main([str(runs), "--out", str(tmp_path), "--val-file", str(VAL_FILE)])
     table1, ood = (tmp_path / "table1.md").read_text(), (tmp_path / "ood.md").read_text()
     for (backbone, training), numbers in paper_numbers.TABLE1.items():
@@ -193,7 +186,7 @@ def test_ood_table_beside_the_papers_with_partial_averages_and_small_samples(tmp
     eval_records(folder, {f"tau2_retail_{i}": i < 30 for i in range(114)}, "tau2_retail")
     eval_records(folder, {f"tau2_airline_{i}": False for i in range(2)}, "tau2_airline")
     eval_records(folder, {f"tau2_telecom_{i}": i < 16 for i in range(114)}, "tau2_telecom")
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
     row = row_of((tmp_path / "out" / "ood.md").read_text(), "Qwen2.5-7B-Instruct + SEAL").split(" | ")[1:]
     cells = dict(zip(paper_numbers.OOD_COLUMNS, row))
@@ -237,7 +230,7 @@ def test_factorial_interaction_paired_beside_the_papers_stated_and_implied(tmp_p
     write_factorial_run(runs / "wo_reweighting", 30)
     write_factorial_run(runs / "wo_env_adaptation", 35)
     write_factorial_run(runs / "qwen2.5-7b__vanilla_rl", 25)  # the ablation's Vanilla RL falls back to Table 1's
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "interaction.md").read_text()
     # by hand, per task: 25-29 give 1-1-1+0 = -1, 35-44 give +1, the rest 0 -> mean 5/100 = +0.05; the sample
@@ -261,7 +254,7 @@ def test_factorial_interaction_unpaired_when_the_runs_scored_different_tasks(tmp
     write_factorial_run(runs / "wo_reweighting", 30)
     write_factorial_run(runs / "wo_env_adaptation", 35)
     write_factorial_run(runs / "vanilla_rl", 25, tasks=50)  # half the tasks: no per-task pairing
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
     # by hand: 0.45 − 0.30 − 0.35 + 0.50 per category, SE from four independent binomial cells
     se = math.sqrt(0.45 * 0.55 / 100 + 0.30 * 0.70 / 100 + 0.35 * 0.65 / 100 + 0.5 * 0.5 / 50)
@@ -276,7 +269,7 @@ def test_partial_average_is_not_compared_and_unreadable_runs_are_named(runs, tmp
     base_only = {t: True for t, _ in heldout_rows()[:10] if "_base_" in t}
     eval_records(root / "qwen2.5-3b__seal", base_only)
     (root / "qwen2.5-7b__vanilla_rl").mkdir()  # neither results nor metrics
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert (
         script.main([str(root), "--out", str(tmp_path / "out"), "--val-file", str(tmp_path / "nowhere.parquet")]) == 0
     )
@@ -297,7 +290,7 @@ def test_relative_paths_are_the_working_directorys_and_the_default_val_file_the_
 ):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "here").symlink_to(runs)
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert script.main(["here", "--out", "tables_out"]) == 0  # no --val-file: the repository's held-out parquet
     summary = json.loads((tmp_path / "tables_out" / "tables.json").read_text())
     assert summary["runs"]["qwen2.5-7b__seal"]["note"] == ""  # its validation dump was read against the val file
@@ -318,7 +311,7 @@ def test_best_and_last_checkpoint_side_by_side_for_every_trained_row(tmp_path):
     for i, row in enumerate(trained):
         write_factorial_run(runs / row, 40 + i)  # best: 40 + i of 100 per category
         write_factorial_run(runs / f"{row}{reproduction.LAST_SUFFIX}", 20 + i)  # last: 20 + i
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
     table1, ablation = (tmp_path / "out" / "table1.md").read_text(), (tmp_path / "out" / "ablation.md").read_text()
     labels = {(b, t): f"{b} {paper_numbers.TRAINING_NAMES[t]}" for b, t in paper_numbers.TABLE1 if t != "base"}
@@ -349,7 +342,7 @@ def test_mcnemar_tests_the_unbiased_runs_and_adjusts_by_holm(tmp_path):
     write_factorial_run(runs / "qwen2.5-7b__seal__last", 30)
     write_factorial_run(runs / "qwen2.5-7b__vanilla_rl", 25)  # no last: the only evaluation of its row
     write_factorial_run(runs / "qwen2.5-7b__seal__training", 44)  # an evaluation folder named as a training run
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     assert script.main([str(runs), "--out", str(tmp_path / "out")]) == 0
     tests = json.loads((tmp_path / "out" / "tables.json").read_text())["mcnemar"]
     assert sorted(tests) == [
@@ -379,7 +372,7 @@ def test_mcnemar_tests_the_unbiased_runs_and_adjusts_by_holm(tmp_path):
 def test_the_papers_small_cells_get_the_wilson_treatment_ours_get():
     """Qwen2.5-3B base's Miss Param (3.00 = 3/100): in a difference, its Wilson half-width / z is its SE, as scipy's
     Wilson interval gives it; a large cell keeps its binomial SE."""
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     ours = script.Cell(0.10, math.sqrt(0.1 * 0.9 / 100), 100, 10)
     small = script.paper_cell(3.00, {"miss_param": 1.0}, script.TABLE1_SIZES)
     wilson = binomtest(3, 100).proportion_ci(confidence_level=0.95, method="wilson")
@@ -406,7 +399,7 @@ def test_an_average_of_unequal_categories_is_shown_around_the_mean_it_prints():
 
 
 def test_the_interaction_note_says_where_the_papers_two_figures_come_from(tmp_path):
-    script = load_script()
+    script = repo_script("scripts/make_tables.py")
     text = script.interaction_table({}, {})
     # by hand: the four ablation cells' binomial SEs on 400 tasks, independent
     cells = (40.25, 32.75, 35.75, 30.75)

@@ -4,7 +4,6 @@ Python versions have one, and the source-build fallback names what it needs and 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,17 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import repo_script
+
 REPO = Path(__file__).resolve().parents[2]
 HELPER = REPO / "scripts" / "flash_attn_wheel.py"
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-
-
-def _helper():
-    spec = importlib.util.spec_from_file_location("flash_attn_wheel", HELPER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Release(BaseHTTPRequestHandler):
@@ -72,7 +66,7 @@ def _run_helper(*args, env=None):
 
 
 def test_the_default_url_is_the_release_wheel_for_torch_2_11_cuda_13():
-    assert _helper().wheel_url("3.12") == (
+    assert repo_script("scripts/flash_attn_wheel.py").wheel_url("3.12") == (
         "https://github.com/mjun0812/flash-attention-prebuild-wheels/releases/download/v0.9.4/"
         "flash_attn-2.8.3+cu130torch2.11-cp312-cp312-linux_x86_64.whl"
     )
@@ -97,7 +91,7 @@ def test_an_unreachable_release_is_a_miss_that_says_so():
 
 
 def test_a_toolkit_of_another_cuda_major_is_refused(tmp_path):
-    helper = _helper()
+    helper = repo_script("scripts/flash_attn_wheel.py")
     nvcc = tmp_path / "bin" / "nvcc"
     nvcc.parent.mkdir()
     nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")

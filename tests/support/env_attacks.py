@@ -3,23 +3,13 @@ replays them too), episodes placed on two workers, and big accepted files that f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
-from pathlib import Path
 
+from tests.support.processes import repo_script
 
-def _benchmark_module():
-    """``benchmarks/env_service.py``, home of the exploit's message builder (the benchmark replays it too)."""
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_env_service", Path(__file__).resolve().parents[2] / "benchmarks" / "env_service.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCHMARK = _benchmark_module()
+#: ``benchmarks/env_service.py``, home of the exploit's message builder (the benchmark replays it too).
+BENCHMARK = repo_script("benchmarks/env_service.py")
 
 
 call, aliasing_messages = BENCHMARK._call, BENCHMARK.aliasing_messages
