@@ -244,3 +244,25 @@ def test_seal_floors_import_only_downward():
     assert not upward, upward
     assert seal_floor("seal.eval.checkpoint") > seal_floor("seal.launch") > seal_floor("seal.trainer")  # the order
     assert seal_floor("seal.trainer") > seal_floor("seal.results.records") >= seal_floor("seal.apatch")
+
+
+def test_tests_sit_in_their_behaviours_folders_and_share_only_the_support_package():
+    """Every test file is in the folder of what it checks (docs/architecture.md, "Tests"), and what tests share is in
+    ``tests/support``: a test module imported by another would make one test's file the other's library."""
+    tests = ROOT / "tests"
+    loose = sorted(path.name for path in tests.glob("test_*.py"))
+    assert not loose, f"put these in the folder of the behaviour they check: {loose}"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("support", "__pycache__"))
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## Tests", 1)[1].split("\n## ", 1)[0]
+    assert folders == sorted(re.findall(r"^\| `(\w+)/` \|", section, re.M))
+    borrowed = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            borrowed += [f"{path.relative_to(ROOT)} -> {n}" for n in names if n.rpartition(".")[2].startswith("test_")]
+    assert not borrowed, borrowed
