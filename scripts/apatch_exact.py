@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import tempfile
 from pathlib import Path
@@ -119,6 +120,8 @@ def arm_overrides(candidates: dict[str, Candidate], recipe: str = RECIPE) -> dic
     return {
         "on": [],
         "off": ["seal.apatch.enable=false"],
+        # A-Patch on with the decoys' two tags weighted 1: every other tag (the hybrids' among them) as in ``on``
+        "neutral": [f"seal.apatch.tag_weights.{heavy}=1.0", f"seal.apatch.tag_weights.{light}=1.0"],
         "swapped": [
             f"seal.apatch.tag_weights.{heavy}={weights[light]}",
             f"seal.apatch.tag_weights.{light}={weights[heavy]}",
@@ -274,6 +277,7 @@ def seal_trainer(workdir: Path, overrides: list[str], steps_per_epoch: int, reci
     return SealTrainer.seal_parts_only(config, steps_per_epoch)
 
 
+@functools.cache
 def released_actor():
     """The released recipe's actor config (verl's dataclass: policy loss, clipping, KL loss, optimizer) and GRPO."""
     from verl.utils.config import omega_conf_to_dataclass
@@ -332,11 +336,6 @@ def run_arm(
     """``updates`` training steps of ``model`` from ``start`` on the batch ``rows``, A-Patch configured by
     ``overrides``; the metric before and after each. ``zero_advantages``: every advantage 0 after the SEAL step,
     the step the optimizer takes from its own state alone (momentum, weight decay) and the KL loss."""
-    from verl.trainer.ppo.ray_trainer import compute_advantage
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.losses import ppo_loss
-    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
-
     from seal.advantage import SEAL_GRPO  # registers the recipe's estimator with verl
 
     actor, algorithm = released_actor()
@@ -349,49 +348,91 @@ def run_arm(
         opt.load_state_dict(copy.deepcopy(start.optimizer))
         for group in opt.param_groups:
             group["lr"] = lr
-    device = next(model.parameters()).device
-
-    def logprobs():
-        return candidate_logprobs(model, candidates, shared_prefix)
+    max_norm = actor.optim.clip_grad if optimizer == "adamw" else math.inf  # SGD: the control, unclipped
 
     with torch.no_grad():
-        current = logprobs()
+        current = candidate_logprobs(model, candidates, shared_prefix)
     reference = start.reference or current
     result = ArmResult([heavy_minus_light(current, candidates)], [], [])
-
-    def flat(logprobs):
-        return torch.cat([logprobs[name] for name in rows])
-
     with tempfile.TemporaryDirectory(prefix="apatch-exact-") as workdir:
         trainer = seal_trainer(Path(workdir), overrides, steps_per_epoch=updates)
         for step in range(1, updates + 1):
-            batch = make_batch(candidates, rows, group_size)
-            batch = compute_advantage(batch, algorithm.adv_estimator, config=algorithm)
-            grpo = batch.batch["advantages"].clone()
-            trainer.global_steps = step
-            trainer._seal_step(batch)
-            result.scales.append(applied_scales(grpo, batch.batch["advantages"], rows))
-            if zero_advantages:
-                batch.batch["advantages"] = torch.zeros_like(batch.batch["advantages"])
-            data = left_right_2_no_padding(batch.to_tensordict()).to(device)
-            data["old_log_probs"] = no_padding_2_padding(flat(current), data)
-            data["ref_log_prob"] = no_padding_2_padding(flat(reference), data)
-            # what the engine adds before its micro-batches (one data-parallel rank: the whole mini-batch here)
-            tu.assign_non_tensor(
-                data, dp_size=1, batch_num_tokens=int(data["loss_mask"].sum()), global_batch_size=len(rows)
+            grad_norm, scales = train_step(
+                model,
+                opt,
+                trainer,
+                step,
+                candidates,
+                rows,
+                group_size,
+                current,
+                reference,
+                max_norm,
+                shared_prefix=shared_prefix,
+                zero_advantages=zero_advantages,
             )
-            opt.zero_grad()
-            loss, _ = ppo_loss(actor, {"log_probs": flat(logprobs())}, data)
-            loss.backward()
-            max_norm = actor.optim.clip_grad if optimizer == "adamw" else math.inf  # SGD: the control, unclipped
-            result.grad_norms.append(clip_and_step(model, opt, max_norm))
+            result.scales.append(scales)
+            result.grad_norms.append(grad_norm)
             with torch.no_grad():
-                current = logprobs()
+                current = candidate_logprobs(model, candidates, shared_prefix)
             result.metric.append(heavy_minus_light(current, candidates))
     if keep_end:
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         result.end = Start(weights, copy.deepcopy(opt.state_dict()), reference)
     return result
+
+
+def train_step(
+    model,
+    opt,
+    trainer,
+    step: int,
+    candidates: dict[str, Candidate],
+    rows: list[str],
+    group_size: int,
+    old: dict[str, torch.Tensor],
+    reference: dict[str, torch.Tensor],
+    max_norm: float,
+    shared_prefix: bool = True,
+    zero_advantages: bool = False,
+    mean_one: bool = False,
+) -> tuple[float, dict[str, float]]:
+    """One training step of ``model`` on the batch ``rows`` (names of ``candidates``, ``group_size`` to a GRPO
+    group): verl's GRPO advantage, ``trainer._seal_step`` (diagnosis, closed loop, A-Patch), verl's actor loss with
+    ``old`` and ``reference`` the old and the reference policy's log-probabilities, the engine's clipping at
+    ``max_norm`` and ``opt``'s step. Returns the gradient norm and the factor A-Patch scaled each candidate's
+    advantages by. ``zero_advantages``: every advantage 0 after the SEAL step (the optimizer's step from its own
+    state and the KL loss); ``mean_one``: A-Patch's scales divided by their mean over the batch's rows (the weights'
+    relative effect without their mean's)."""
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    actor, algorithm = released_actor()
+
+    def flat(logprobs):
+        return torch.cat([logprobs[name] for name in rows])
+
+    batch = make_batch(candidates, rows, group_size)
+    batch = compute_advantage(batch, algorithm.adv_estimator, config=algorithm)
+    grpo = batch.batch["advantages"].clone()
+    trainer.global_steps = step
+    trainer._seal_step(batch)
+    if mean_one:
+        batch.batch["advantages"] = batch.batch["advantages"] / mean_scale(grpo, batch.batch["advantages"])
+    scales = applied_scales(grpo, batch.batch["advantages"], rows)
+    if zero_advantages:
+        batch.batch["advantages"] = torch.zeros_like(batch.batch["advantages"])
+    data = left_right_2_no_padding(batch.to_tensordict()).to(next(model.parameters()).device)
+    data["old_log_probs"] = no_padding_2_padding(flat(old), data)
+    data["ref_log_prob"] = no_padding_2_padding(flat(reference), data)
+    # what the engine adds before its micro-batches (one data-parallel rank: the whole mini-batch here)
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(data["loss_mask"].sum()), global_batch_size=len(rows))
+    opt.zero_grad()
+    loss, _ = ppo_loss(actor, {"log_probs": flat(candidate_logprobs(model, candidates, shared_prefix))}, data)
+    loss.backward()
+    return clip_and_step(model, opt, max_norm), scales
 
 
 def clip_and_step(model, optimizer, max_norm: float) -> float:
@@ -413,19 +454,25 @@ def clip_and_step(model, optimizer, max_norm: float) -> float:
     return float(grad_norm)
 
 
+def row_factors(before: torch.Tensor, after: torch.Tensor) -> list[float | None]:
+    """Per row, the factor its advantages were multiplied by (None: a row with no advantage, its group all passed or
+    all failed)."""
+    return [float(a.sum() / b.sum()) if b.abs().sum() > 0 else None for b, a in zip(before, after)]
+
+
 def applied_scales(before: torch.Tensor, after: torch.Tensor, rows: list[str]) -> dict[str, float]:
-    """The factor A-Patch multiplied each candidate's advantages by (the mean over its rows with a non-zero
-    advantage; rows whose group all passed or all failed have none)."""
-    out = {}
-    for name in NAMES:
-        ratios = [
-            float(after[i].sum() / before[i].sum())
-            for i, row in enumerate(rows)
-            if row == name and before[i].abs().sum() > 0
-        ]
-        if ratios:
-            out[name] = sum(ratios) / len(ratios)
-    return out
+    """The factor A-Patch multiplied each candidate's advantages by (the mean over its rows with an advantage)."""
+    out: dict[str, list[float]] = {}
+    for name, factor in zip(rows, row_factors(before, after)):
+        if factor is not None:
+            out.setdefault(name, []).append(factor)
+    return {name: sum(f) / len(f) for name, f in out.items()}
+
+
+def mean_scale(before: torch.Tensor, after: torch.Tensor) -> float:
+    """A-Patch's mean scale over a batch's rows with an advantage (1.0 when none has one)."""
+    factors = [f for f in row_factors(before, after) if f is not None]
+    return sum(factors) / len(factors) if factors else 1.0
 
 
 def lr_analogue(hidden_size: int, recipe_lr: float) -> float:

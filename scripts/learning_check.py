@@ -31,11 +31,14 @@ whether the heavily weighted decoy is unlearnt faster when A-Patch is on. The fi
 ``--apatch-exact`` measures the tag weight's effect on the policy exactly, in-process (``scripts/apatch_exact.py``:
 A-Patch on, off and swapped, teacher-forced log-probabilities after 1 and 3 updates; ``--pilot`` for the pilot
 seeds); ``--apatch-live`` runs the same arms through the launcher and computes the metric from each step's weights
-(docs/learning-check.md, Stage A and Stage B).
+(docs/learning-check.md, Stage A and Stage B). ``--apatch-sampled`` (Stage C, ``scripts/apatch_sampled.py``) runs
+A-Patch on, neutral, swapped, off and its controls on batches the policy samples from itself, from a shared trunk,
+and decides by the registered paired t tests; its exit status follows the rule.
 
     python scripts/learning_check.py --apatch-exact --pilot --out experiments/apatch_exact_pilot
     python scripts/learning_check.py --apatch-exact --out experiments/apatch_exact
     python scripts/learning_check.py --apatch-live --out experiments/apatch_live
+    python scripts/learning_check.py --apatch-sampled --out experiments/apatch_sampled
 """
 
 from __future__ import annotations
@@ -403,6 +406,57 @@ def live_verdict(results: dict) -> dict:
     return {"paired": paired, "below": below, "passed": below == len(paired)}
 
 
+# ---- --apatch-sampled: Stage C, the arms with the policy sampling its own batches, in-process ----------------
+
+
+def sampled(args) -> int:
+    """Stage C (``scripts/apatch_sampled.py``): per seed, the trunk and every condition's arms, each arm's M per step;
+    the registered contrasts' tests and verdict (the pilot: the power computation instead). ``<out>/apatch_sampled.json``
+    holds every seed as it finishes (``--reuse`` analyses them without running)."""
+    import copy
+
+    import apatch_exact as ax
+    import apatch_sampled as sx
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "apatch_sampled.json"
+    seeds = args.seeds or list(sx.PILOT_SEEDS if args.pilot else sx.REGISTERED_SEEDS)
+    if not seeds:
+        raise SystemExit("no registered seeds yet: run the pilot (--pilot) and register them (docs/learning-check.md)")
+    saved = json.loads(path.read_text()) if path.exists() else {"seeds": {}}
+    saved["design"] = {
+        "lr": sx.LIVE_LR, "trunk_updates": args.trunk_updates, "arm_updates": args.arm_updates,
+        "batch_shape": ax.batch_shape(), "conditions": sx.CONDITIONS,
+    }  # fmt: skip
+    model = None
+    for seed in seeds:
+        if str(seed) not in saved["seeds"] or not args.reuse:
+            if model is None:  # only when a seed runs: --reuse of finished seeds needs no model
+                model, tokenizer = ax.warm_model()
+                candidates = ax.load_candidates(tokenizer, model.config.model_type)
+                reference = copy.deepcopy(model).eval()
+                fresh = ax.Start({k: v.detach().clone() for k, v in model.state_dict().items()})
+                pool = sx.EpisodePool(candidates, tokenizer, model.config.model_type)
+            start = time.perf_counter()
+            result = sx.run_seed(model, reference, fresh, pool, seed, args.trunk_updates, args.arm_updates)
+            saved["seeds"][str(seed)] = result | {"wall_s": time.perf_counter() - start}
+            path.write_text(json.dumps(saved, indent=2) + "\n")
+        print("\n".join(sx.seed_lines(seed, saved["seeds"][str(seed)])), flush=True)
+    results = {seed: saved["seeds"][str(seed)] for seed in seeds}
+    if args.pilot:
+        lines, n = sx.power_lines(results)
+        saved["power"] = {"lines": lines, "seeds": n}
+    verdict = sx.verdict(results)
+    saved["verdict"] = verdict
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+    print("\n".join(sx.verdict_lines(verdict)))
+    if args.pilot:
+        print("\n".join(lines))
+        return 0
+    return 0 if verdict["passed"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/learning_check", help="where both runs and the figure go")
@@ -420,12 +474,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: Stage A, the A-Patch arms measured exactly in-process, per --seeds (scripts/apatch_exact.py)",
     )
-    parser.add_argument("--pilot", action="store_true", help="with --apatch-exact: the pilot's seeds")
+    parser.add_argument(
+        "--pilot", action="store_true", help="with --apatch-exact or --apatch-sampled: the pilot's seeds"
+    )
     parser.add_argument(
         "--apatch-live",
         action="store_true",
         help="instead: Stage B, the live on/off/swapped runs with exact log-probabilities per step, per --seeds",
     )
+    parser.add_argument(
+        "--apatch-sampled",
+        action="store_true",
+        help="instead: Stage C, the A-Patch arms on batches the policy samples itself, in-process, per --seeds",
+    )
+    parser.add_argument("--trunk-updates", type=int, default=None, help="with --apatch-sampled: the trunk's steps")
+    parser.add_argument("--arm-updates", type=int, default=None, help="with --apatch-sampled: each arm's steps")
     parser.add_argument(
         "--seeds",
         type=int,
@@ -442,6 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         return exact(args)
     if args.apatch_live:
         return live(args)
+    if args.apatch_sampled:
+        import apatch_sampled as sx
+
+        args.trunk_updates = sx.TRUNK_UPDATES if args.trunk_updates is None else args.trunk_updates
+        args.arm_updates = sx.ARM_UPDATES if args.arm_updates is None else args.arm_updates
+        return sampled(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 

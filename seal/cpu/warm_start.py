@@ -32,11 +32,18 @@ SPEC_VERSION = 3
 
 
 def episode_tokens(
-    task_id: str, env_params: dict, tokenizer, model_type: str, decoy: tuple[str, str] | None = None
+    task_id: str,
+    env_params: dict,
+    tokenizer,
+    model_type: str,
+    decoy: tuple[str, str] | None = None,
+    first_message: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Token ids and loss mask (1 = a token the model generates) of the ground-truth episode of ``task_id``; with
     ``decoy = (old, new)``, of the episode whose first call has ``old`` replaced by ``new`` (the environment's
-    replies are the ones that wrong call really gets)."""
+    replies are the ones that wrong call really gets). ``first_message``: token ids a policy generated for the first
+    message (its end-of-turn token included), in place of the first ground-truth message; the environment reads
+    their decoding, as the agent loop's (special tokens skipped)."""
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
     from env_service.bfcl.config import EnvConfig
@@ -52,8 +59,14 @@ def episode_tokens(
         messages = episode.initial_messages()
         ids = list(builder.build_initial_tokens(messages))
         mask = [0] * len(ids)
-        for text in episode_texts(task, config.tool_prompt_mode, decoy):
-            generated = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        texts = list(episode_texts(task, config.tool_prompt_mode, decoy))
+        if first_message is not None:
+            texts[0] = tokenizer.decode(first_message, skip_special_tokens=True)
+        for i, text in enumerate(texts):
+            if i == 0 and first_message is not None:
+                generated = list(first_message)
+            else:
+                generated = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
             ids += generated
             mask += [1] * len(generated)
             step = episode.step(text)
