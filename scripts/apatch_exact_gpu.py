@@ -1,8 +1,6 @@
 #!/usr/bin/env python
-"""Stage C of the A-Patch check (apatch_sampled.py) on a Qwen2.5-0.5B-shaped model under verl's FSDP2, on a GPU.
-
-Stage C (docs/learning-check.md, ``scripts/apatch_sampled.py``) on the released recipe's backbone class under verl's
-FSDP2 engine, for a lent GPU.
+"""Stage C of the A-Patch check (docs/learning-check.md, ``scripts/apatch_sampled.py``) on the released recipe's
+backbone class, a Qwen2.5-0.5B shape under verl's FSDP2 engine, for a lent GPU.
 
     python scripts/apatch_exact_gpu.py --out experiments/apatch_exact_gpu     # one GPU: the registered GPU run
     python scripts/apatch_exact_gpu.py --smoke --out /tmp/apatch_exact_smoke  # CPU, reduced: that it runs through

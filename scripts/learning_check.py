@@ -48,6 +48,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -318,11 +319,18 @@ LIVE_OVERRIDES = (
     "actor_rollout_ref.actor.optim.weight_decay=0.01",  # the released optimizer and loss aggregation
     "actor_rollout_ref.actor.loss_agg_mode=token-mean",
     "actor_rollout_ref.rollout.temperature=1.0",  # the released temperature, Stage A's log-probabilities
-    "trainer.total_training_steps=6",
     "trainer.save_freq=1",  # every step's weights (the checkpoint's huggingface/ folder) ...
     "seal.checkpoint.keep_only_best=false",  # ... all kept
 )
+LIVE_STEPS = 6
 LIVE_ARMS = ("on", "off", "swapped")
+#: Stage C's live replication (``--apatch-live --trunk``, registered before its runs in docs/learning-check.md):
+#: Stage C's trunk and arms through the launcher. The trunk (A-Patch off) saves every step with its optimizer state;
+#: each arm resumes from a copy of it (verl's resume: weights, AdamW, data position; seal's: the capability state)
+#: and trains on, its sampling seeds those of the steps after the trunk's (``seal.rollout.step_seeds``).
+REPLICATION_SEEDS = (4101, 4102)
+REPLICATION_TRUNK = 10
+REPLICATION_ARMS = ("on", "neutral", "swapped", "off")
 
 
 def checkpoint_logprobs(checkpoints: Path, candidates: dict) -> dict[int, dict[str, float]]:
@@ -351,7 +359,7 @@ def live(args) -> int:
     import torch
 
     out = Path(args.out).resolve()
-    seeds = args.seeds or list(LIVE_SEEDS)
+    seeds = args.seeds or list(REPLICATION_SEEDS if args.trunk else LIVE_SEEDS)
     model, tokenizer = ax.warm_model(LIVE_RECIPE)
     candidates = ax.load_candidates(tokenizer, model.config.model_type, LIVE_RECIPE)
     arms = ax.arm_overrides(candidates, LIVE_RECIPE)
@@ -361,22 +369,31 @@ def live(args) -> int:
     choice = FirstChoice(LIVE_RECIPE)
     options = choice.options()
     results, wall = {}, {}
+    trunk = REPLICATION_TRUNK if args.trunk else 0
     for seed in seeds:
         seed_dir = out / f"seed{seed}"
         seed_dir.mkdir(parents=True, exist_ok=True)
         results[seed] = {}
-        for arm in LIVE_ARMS:
-            extra = [*LIVE_OVERRIDES, *arms[arm], f"actor_rollout_ref.rollout.seed={seed}", *args.overrides]
+        common = [*LIVE_OVERRIDES, f"actor_rollout_ref.rollout.seed={seed}", *args.overrides]
+        if trunk and not args.reuse:
+            off = [*common, *arms["off"], f"trainer.total_training_steps={trunk}"]
+            wall[f"{seed}/trunk"] = run("trunk", seed_dir, off, LIVE_RECIPE)
+        for arm in REPLICATION_ARMS if trunk else LIVE_ARMS:
+            extra = [*common, *arms[arm], f"trainer.total_training_steps={trunk + LIVE_STEPS}"]
+            checkpoints = seed_dir / "checkpoints" / arm
             if not args.reuse:
+                if trunk:  # the arm resumes from the trunk's last step: a copy of its checkpoints is the arm's own
+                    shutil.rmtree(checkpoints, ignore_errors=True)
+                    shutil.copytree(seed_dir / "checkpoints" / "trunk", checkpoints)
                 wall[f"{seed}/{arm}"] = run(arm, seed_dir, extra, LIVE_RECIPE)
-            per_step = {0: start} | checkpoint_logprobs(seed_dir / "checkpoints" / arm, candidates)
+            per_step = {0: start} | checkpoint_logprobs(checkpoints, candidates)
             results[seed][arm] = {
                 "logprobs": per_step,
                 "metric": {t: lp["heavy"] - lp["light"] for t, lp in per_step.items()},
                 "options": option_counts(rollout_rows(seed_dir / arm), options, choice),
             }
-    verdict = live_verdict(results)
-    summary = {"overrides": LIVE_OVERRIDES, "seeds": results, "wall_s": wall, "verdict": verdict}
+    verdict = live_verdict(results, trunk)
+    summary = {"overrides": LIVE_OVERRIDES, "trunk": trunk, "seeds": results, "wall_s": wall, "verdict": verdict}
     out.mkdir(parents=True, exist_ok=True)
     (out / "apatch_live.json").write_text(json.dumps(summary, indent=2) + "\n")
     for seed, runs in results.items():
@@ -386,24 +403,34 @@ def live(args) -> int:
             print(f"{'':12s}M per step: " + " ".join(f"{m:+.4f}" for m in r["metric"].values()))
         for contrast, d in verdict["paired"][seed].items():
             print(f"seed {seed:>3} {contrast} per step: " + " ".join(f"{x:+.4f}" for x in d.values()))
-    print(
-        f"on-swapped after the last step below 0 in {verdict['below']}/{len(results)} seeds -> "
-        f"{'PASS' if verdict['passed'] else 'FAIL'}"
-    )
+    for contrast, below in verdict["below"].items():
+        print(f"{contrast} after the last step below 0 in {below}/{len(results)} seeds")
+    decides = " and ".join(verdict["decides"])
+    print(f"registered: {decides} below 0 in every seed -> {'PASS' if verdict['passed'] else 'FAIL'}")
     return 0 if verdict["passed"] else 1
 
 
-def live_verdict(results: dict) -> dict:
-    """The registered rule: A-Patch on leaves log pi(heavy) - log pi(light) lower than the swapped weights do after
-    the last step, in every seed (on and swapped weigh every other episode alike); on-off is reported."""
+def live_verdict(results: dict, trunk: int = 0) -> dict:
+    """The registered rules. Stage B (no trunk): A-Patch on leaves log pi(heavy) - log pi(light) lower than the
+    swapped weights do after the last step, in every seed (on and swapped weigh every other episode alike). The
+    replication (a trunk): on - neutral and on - swapped below 0 after the last step in every seed, a description
+    (two seeds have no power for a test; Stage C's in-process run carries the verdict). The other differences from
+    ``on`` are reported."""
     paired = {}
     for seed, runs in results.items():
         paired[seed] = {}
-        for other in ("swapped", "off"):
+        for other in (arm for arm in ("neutral", "swapped", "off") if arm in runs):
             a, b = runs["on"]["metric"], runs[other]["metric"]
             paired[seed][f"on-{other}"] = {t: a[t] - b[t] for t in a if t in b}
-    below = sum(d["on-swapped"][max(d["on-swapped"])] < 0 for d in paired.values())
-    return {"paired": paired, "below": below, "passed": below == len(paired)}
+    contrasts = next(iter(paired.values()))
+    below = {c: sum(d[c][max(d[c])] < 0 for d in paired.values()) for c in contrasts}
+    decides = ["on-neutral", "on-swapped"] if trunk else ["on-swapped"]
+    return {
+        "paired": paired,
+        "below": below,
+        "decides": decides,
+        "passed": all(below[c] == len(paired) for c in decides),
+    }
 
 
 # ---- --apatch-sampled: Stage C, the arms with the policy sampling its own batches, in-process ----------------
@@ -481,6 +508,11 @@ def main(argv: list[str] | None = None) -> int:
         "--apatch-live",
         action="store_true",
         help="instead: Stage B, the live on/off/swapped runs with exact log-probabilities per step, per --seeds",
+    )
+    parser.add_argument(
+        "--trunk",
+        action="store_true",
+        help="with --apatch-live: Stage C's live replication (a trunk with A-Patch off, each arm resumed from it)",
     )
     parser.add_argument(
         "--apatch-sampled",

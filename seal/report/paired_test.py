@@ -45,8 +45,13 @@ def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
 
 
 def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * regularized_incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    """P(T <= t) for Student's t with ``df`` degrees of freedom. The tail P(T > |t|) is I_x(df/2, 1/2) at
+    x = df / (df + t^2); near t = 0 that x rounds to 1, so there it is computed as 1 - I_(1-x)(1/2, df/2)."""
+    t2 = t * t
+    if t2 < df:
+        tail = 0.5 * (1.0 - regularized_incomplete_beta(0.5, df / 2, t2 / (df + t2)))
+    else:
+        tail = 0.5 * regularized_incomplete_beta(df / 2, 0.5, df / (df + t2))
     return 1.0 - tail if t > 0 else tail
 
 
@@ -78,7 +83,7 @@ def paired_t(differences: list[float], predicted: int = 0) -> dict:
         p = 2 * min(t_cdf(t, df), 1 - t_cdf(t, df)) if math.isfinite(t) else 0.0
         count = sum(d < 0 for d in differences)
     elif predicted in (-1, 1):
-        tail = t_cdf(predicted * t, df) if math.isfinite(t) else float(predicted * t < 0)
+        tail = t_cdf(predicted * t, df) if math.isfinite(t) else float(predicted * t > 0)
         p = 1 - tail
         count = sum(predicted * d > 0 for d in differences)
     else:

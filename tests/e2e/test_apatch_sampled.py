@@ -146,3 +146,19 @@ def test_the_command_prints_every_arm_and_exits_by_the_rule(intact, broken, tmp_
             assert f"warmed {arm}" in printed
         assert "on-neutral" in printed and "on-swapped" in printed
     assert "-> FAIL" in printed  # the broken link's run fails
+
+
+def test_the_live_replications_rule_needs_both_contrasts_below_zero_in_every_seed():
+    def runs(on_last: float) -> dict:
+        arms = {arm: {"metric": {0: 0.0, 16: 0.0}} for arm in ("neutral", "swapped", "off")}
+        return arms | {"on": {"metric": {0: 0.0, 16: on_last}}}
+
+    assert learning_check.live_verdict({1: runs(-0.01), 2: runs(-0.02)}, trunk=10)["passed"]
+    assert not learning_check.live_verdict({1: runs(-0.01), 2: runs(+0.02)}, trunk=10)["passed"]
+    neutral_above = runs(-0.01)
+    neutral_above["neutral"]["metric"][16] = -0.02  # on above neutral, still below swapped
+    verdict = learning_check.live_verdict({1: neutral_above, 2: runs(-0.01)}, trunk=10)
+    assert verdict["below"] == {"on-neutral": 1, "on-swapped": 2, "on-off": 2} and not verdict["passed"]
+    # Stage B's registered rule (no trunk, no neutral arm) decides by on - swapped alone
+    stage_b = {seed: {arm: r for arm, r in runs(-0.01).items() if arm != "neutral"} for seed in (42, 1)}
+    assert learning_check.live_verdict(stage_b)["passed"]

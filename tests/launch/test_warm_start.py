@@ -100,6 +100,29 @@ def test_a_decoy_example_is_the_episode_of_the_wrong_first_call_with_its_real_re
     assert sum(decoy_mask) - sum(mask) == len(tokenizer.encode("MSFT")) - len(tokenizer.encode("NVDA"))
 
 
+def test_a_sampled_first_message_keeps_its_own_tokens_and_gets_its_real_replies(tokenizer):
+    """``first_message``: the ids a policy generated (scripts/apatch_sampled.py) stand as the first message, and the
+    environment answers their decoding."""
+    ids, mask = episode_tokens(TASK, ENV, tokenizer, "qwen2")
+    start = mask.index(1)
+    end = start + mask[start:].index(0)
+    right = ids[start:end]  # the ground truth's first message, its end-of-turn token included
+    assert episode_tokens(TASK, ENV, tokenizer, "qwen2", first_message=right) == (ids, mask)
+    # the same text in other (non-canonical) tokens: the episode keeps the given tokens, the replies are the same
+    text = tokenizer.decode(right[:-1])
+    split = [t for ch in text for t in tokenizer.encode(ch, add_special_tokens=False)] + [right[-1]]
+    assert split != right
+    split_ids, split_mask = episode_tokens(TASK, ENV, tokenizer, "qwen2", first_message=split)
+    assert split_ids[start : start + len(split)] == split and split_ids[start + len(split) :] == ids[end:]
+    # a message the environment cannot parse is answered as such, and the rest of the episode follows it
+    broken = tokenizer.encode("<tool_call>\n{oops", add_special_tokens=False) + [right[-1]]
+    broken_ids, broken_mask = episode_tokens(TASK, ENV, tokenizer, "qwen2", first_message=broken)
+    assert broken_ids[start : start + len(broken)] == broken and broken_mask[start : start + len(broken)] == [1] * len(
+        broken
+    )
+    assert broken_ids[start + len(broken) :] != ids[end:]
+
+
 def test_a_decoy_must_name_text_of_the_first_call_and_a_warm_start_task(bpe_dir, tokenizer, tmp_path):
     with pytest.raises(ValueError, match="not in the first ground-truth message"):
         episode_tokens(TASK, ENV, tokenizer, "qwen2", ("AAPL", "GOOG"))
