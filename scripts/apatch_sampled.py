@@ -426,3 +426,32 @@ def verdict_lines(v: dict) -> list[str]:
     primary = ", ".join(f"{name} {'yes' if ok else 'NO'}" for name, ok in v["primary"].items())
     lines.append(f"primary contrasts (p < {ALPHA} and the count): {primary} -> {'PASS' if v['passed'] else 'FAIL'}")
     return lines
+
+
+def contrast_figures(results: dict, out: Path) -> list[str]:
+    """Per condition, each contrast's mean over the seeds (± one standard error) at every step of the arms: the
+    figure of what the verdict reads at the last step."""
+    from seal.report.decoy_choice import mean_se
+    from seal.results.figures import reward_over_steps
+
+    figures = []
+    ran = next(iter(results.values()))["conditions"]
+    for condition, arms in ran.items():
+        first = TRUNK_UPDATES if condition == "warmed" and "trunk" in next(iter(results.values())) else 0
+        lines = {}
+        for contrast in (*PRIMARY, *REPORTED):
+            if contrast.a in arms and contrast.b in arms and contrast.name != "on_mean1-off":
+                steps = range(len(arms[contrast.a]["metric"]))
+                lines[f"M {contrast.a} - M {contrast.b}"] = {
+                    first + k: mean_se(contrast_values(results, contrast, condition, k)) for k in steps
+                }
+        path = reward_over_steps(
+            lines,
+            str(out / f"apatch_sampled_{condition}.png"),
+            ylabel="difference of log pi(heavy) - log pi(light)",
+            title=f"Stage C, {condition} AdamW: the arms' differences over {len(results)} seeds (± 1 SE)",
+            ylim=None,
+            zero_line=True,
+        )
+        figures += [path] if path else []
+    return figures

@@ -38,7 +38,9 @@ and decides by the registered paired t tests; its exit status follows the rule.
     python scripts/learning_check.py --apatch-exact --pilot --out experiments/apatch_exact_pilot
     python scripts/learning_check.py --apatch-exact --out experiments/apatch_exact
     python scripts/learning_check.py --apatch-live --out experiments/apatch_live
+    python scripts/learning_check.py --apatch-sampled --pilot --out experiments/apatch_sampled_pilot
     python scripts/learning_check.py --apatch-sampled --out experiments/apatch_sampled
+    python scripts/learning_check.py --apatch-live --trunk --out experiments/apatch_live_trunk
 """
 
 from __future__ import annotations
@@ -476,8 +478,10 @@ def sampled(args) -> int:
         saved["power"] = {"lines": lines, "seeds": n}
     verdict = sx.verdict(results)
     saved["verdict"] = verdict
+    saved["figures"] = sx.contrast_figures(results, out) if len(results) >= 2 else []
     path.write_text(json.dumps(saved, indent=2) + "\n")
     print("\n".join(sx.verdict_lines(verdict)))
+    print("figures: " + ", ".join(saved["figures"]))
     if args.pilot:
         print("\n".join(lines))
         return 0

@@ -185,9 +185,12 @@ def reward_over_steps(
     path: str,
     ylabel: str = "mean episode reward",
     title: str = "training reward per step (± one standard error)",
+    ylim: tuple[float, float] | None = (-0.05, 1.05),
+    zero_line: bool = False,
 ) -> str | None:
     """Training reward (or any per-step mean) over steps for several runs: ``runs[name][step] = (mean, se)``,
-    drawn as a line with a ± one standard error band."""
+    drawn as a line with a ± one standard error band. ``ylim`` None: the data's range; ``zero_line``: a line at 0
+    (for differences)."""
     if not any(runs.values()):
         return None
     fig = _figure(6.0, 3.6)
@@ -202,7 +205,10 @@ def reward_over_steps(
     integer_steps(ax)
     ax.set_xlabel("global step")
     ax.set_ylabel(ylabel)
-    ax.set_ylim(-0.05, 1.05)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if zero_line:
+        ax.axhline(0.0, color="0.5", linewidth=0.8)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     return _save(fig, path)
