@@ -341,13 +341,7 @@ def run_arm(
     actor, algorithm = released_actor()
     if algorithm.adv_estimator != SEAL_GRPO:
         raise SystemExit(f"the released recipe's estimator is {algorithm.adv_estimator}, Stage A expects {SEAL_GRPO}")
-    model.load_state_dict(start.weights)
-    model.train()
-    opt = make_optimizer(optimizer, model.parameters(), actor, lr)
-    if start.optimizer is not None:
-        opt.load_state_dict(copy.deepcopy(start.optimizer))
-        for group in opt.param_groups:
-            group["lr"] = lr
+    opt = start_training(model, start, optimizer, actor, lr)
     max_norm = actor.optim.clip_grad if optimizer == "adamw" else math.inf  # SGD: the control, unclipped
 
     with torch.no_grad():
@@ -380,6 +374,19 @@ def run_arm(
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         result.end = Start(weights, copy.deepcopy(opt.state_dict()), reference)
     return result
+
+
+def start_training(model, start: Start, optimizer: str, actor, lr: float):
+    """``model`` at ``start``'s weights in training mode, and its optimizer (``make_optimizer``) with ``start``'s state
+    (a copy: the start serves every arm) at ``lr``."""
+    model.load_state_dict(start.weights)
+    model.train()
+    opt = make_optimizer(optimizer, model.parameters(), actor, lr)
+    if start.optimizer is not None:
+        opt.load_state_dict(copy.deepcopy(start.optimizer))
+        for group in opt.param_groups:
+            group["lr"] = lr
+    return opt
 
 
 def train_step(

@@ -31,7 +31,6 @@ relative effect without their mean's).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import tempfile
@@ -219,13 +218,7 @@ def run_sampled_arm(
     on ``model`` itself; the GPU script's reads an fp32 copy of its weights)."""
     actor, _ = ax.released_actor()
     groups, group_size = shape or ax.batch_shape()
-    model.load_state_dict(start.weights)
-    model.train()
-    opt = ax.make_optimizer("adamw", model.parameters(), actor, lr)
-    if start.optimizer is not None:
-        opt.load_state_dict(copy.deepcopy(start.optimizer))
-        for group in opt.param_groups:
-            group["lr"] = lr
+    opt = ax.start_training(model, start, "adamw", actor, lr)
     named = {name: pool.candidates[name] for name in ax.NAMES}
     limit = 2 * max(len(c.first_message) for c in named.values())
     end_id = pool.tokenizer.eos_token_id
