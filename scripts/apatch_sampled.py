@@ -81,6 +81,11 @@ ALPHA = 0.025
 MIN_SHARE = 0.75
 
 
+def count_needed(seeds: int) -> int:
+    """The fewest of ``seeds`` that must lie in the predicted direction: MIN_SHARE of them, rounded up."""
+    return -(-int(MIN_SHARE * 100) * seeds // 100)
+
+
 # ---- sampling ----------------------------------------------------------------------------------------------------
 
 
@@ -141,7 +146,8 @@ class EpisodePool:
         self.choice = FirstChoice(recipe)
         self.candidates = dict(candidates)
         self.by_message = {self.first_ids(c): name for name, c in candidates.items()}
-        self.prompt = next(iter(candidates.values())).ids[: next(iter(candidates.values())).prompt_len]
+        any_candidate = next(iter(candidates.values()))
+        self.prompt = any_candidate.ids[: any_candidate.prompt_len]
         self._reference: dict[str, torch.Tensor] = {}
 
     @staticmethod
@@ -191,8 +197,10 @@ class EpisodePool:
 class SampledArm:
     metric: list[float]  # M before the first step and after each
     counts: list[dict[str, int]]  # per step: right / heavy / light / other episodes sampled
-    mean_scales: list[float]  # per step: A-Patch's mean scale over the rows with an advantage (1.0 when off)
-    other_scales: list[float | None]  # per step: the mean scale of the other (hybrid) rows with an advantage
+    # per step, over the batch's rows whose candidate had an advantage somewhere in it: the mean of their candidate's
+    # A-Patch scale (``applied_scales``: a candidate's factor averaged over its rows with an advantage; 1.0 when off)
+    mean_scales: list[float]
+    other_scales: list[float | None]  # the same over the other (hybrid) rows; None when none had an advantage
     grad_norms: list[float]
     end: ax.Start | None = None
 
@@ -339,7 +347,7 @@ def verdict(results: dict) -> dict:
     """The registered rule (docs/learning-check.md): both primary contrasts below 0 by a one-sided paired t test at
     ALPHA with at least MIN_SHARE of the seeds in the predicted direction, and the negative control exact."""
     n = len(results)
-    need = -(-int(MIN_SHARE * 100) * n // 100)
+    need = count_needed(n)
     tests = {}
     ran = next(iter(results.values()))["conditions"] if results else {}  # the conditions and arms the seeds ran
     for contrast in (*PRIMARY, *REPORTED):
@@ -379,7 +387,7 @@ def power_lines(pilot: dict, n_min: int = 10) -> tuple[list[str], int]:
         )
         needed.append(n if n is not None else 200)
     n = max(needed)
-    lines.append(f"registered: {n} seeds (at least {n_min}); the count rule then needs {-(-75 * n // 100)}/{n}")
+    lines.append(f"registered: {n} seeds (at least {n_min}); the count rule then needs {count_needed(n)}/{n}")
     return lines, n
 
 
@@ -428,9 +436,10 @@ def contrast_figures(results: dict, out: Path) -> list[str]:
     from seal.results.figures import reward_over_steps
 
     figures = []
-    ran = next(iter(results.values()))["conditions"]
-    for condition, arms in ran.items():
-        first = TRUNK_UPDATES if condition == "warmed" and "trunk" in next(iter(results.values())) else 0
+    any_seed = next(iter(results.values()))
+    trunk_steps = len(any_seed["trunk"]["metric"]) - 1 if "trunk" in any_seed else 0
+    for condition, arms in any_seed["conditions"].items():
+        first = trunk_steps if condition == "warmed" else 0  # the arms' steps continue the trunk's
         lines = {}
         for contrast in (*PRIMARY, *REPORTED):
             if contrast.a in arms and contrast.b in arms and contrast.name != "on_mean1-off":
