@@ -80,17 +80,24 @@ class Candidate:
         return range(self.prompt_len, end)
 
 
+def episode_settings(recipe: str = RECIPE):
+    """What the recipe's episodes are played and judged with: its reward (``seal.reward``, an
+    ``env_service.bfcl.config.RewardConfig``) and its environment's parameters (``env_service.bfcl``)."""
+    from env_service.bfcl.config import RewardConfig
+
+    config = composed(recipe)
+    reward = RewardConfig.from_dict(OmegaConf.to_container(config.seal.reward, resolve=True), path="seal.reward")
+    return reward, OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+
+
 def load_candidates(tokenizer, model_type: str, recipe: str = RECIPE) -> dict[str, Candidate]:
     """The recipe's right first message and its two decoys, heavy and light by A-Patch scale (refused unless they
     differ: ``FirstChoice.options``), each played through the environment's episode code."""
-    from env_service.bfcl.config import RewardConfig
     from seal.cpu.warm_start import episode_texts, episode_tokens
 
     choice = FirstChoice(recipe)
     options = choice.options()
-    config = composed(recipe)
-    reward = RewardConfig.from_dict(OmegaConf.to_container(config.seal.reward, resolve=True), path="seal.reward")
-    env_params = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+    reward, env_params = episode_settings(recipe)
     ((task_id, (old, *wrong)),) = recipe_decoys(recipe).items()
     decoy_of = {episode_texts(choice.task, choice.env.tool_prompt_mode, None)[0]: None}
     decoy_of.update({episode_texts(choice.task, choice.env.tool_prompt_mode, (old, w))[0]: (old, w) for w in wrong})

@@ -38,9 +38,8 @@ from pathlib import Path
 
 import apatch_exact as ax
 import torch
-from omegaconf import OmegaConf
 
-from seal.report.decoy_choice import FirstChoice, composed
+from seal.report.decoy_choice import FirstChoice
 from seal.report.paired_test import paired_t, seeds_for_power
 
 #: The live learning rate: Stage A's and Stage B's analogue of the released 1e-6 for the tiny model's width.
@@ -135,14 +134,8 @@ class EpisodePool:
     names (``right``, ``heavy``, ``light``); any other message is ``other<k>``."""
 
     def __init__(self, candidates: dict[str, ax.Candidate], tokenizer, model_type: str, recipe: str = ax.RECIPE):
-        from env_service.bfcl.config import RewardConfig
-
-        config = composed(recipe)
         self.tokenizer, self.model_type = tokenizer, model_type
-        self.reward = RewardConfig.from_dict(
-            OmegaConf.to_container(config.seal.reward, resolve=True), path="seal.reward"
-        )
-        self.env_params = OmegaConf.to_container(config.env_service.bfcl, resolve=True)
+        self.reward, self.env_params = ax.episode_settings(recipe)
         self.choice = FirstChoice(recipe)
         self.candidates = dict(candidates)
         self.by_message = {self.first_ids(c): name for name, c in candidates.items()}

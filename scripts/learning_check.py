@@ -454,10 +454,14 @@ def sampled(args) -> int:
     if not seeds:
         raise SystemExit("no registered seeds yet: run the pilot (--pilot) and register them (docs/learning-check.md)")
     saved = json.loads(path.read_text()) if path.exists() else {"seeds": {}}
-    saved["design"] = {
+    design = {
         "lr": sx.LIVE_LR, "trunk_updates": args.trunk_updates, "arm_updates": args.arm_updates,
         "batch_shape": ax.batch_shape(), "conditions": sx.CONDITIONS,
     }  # fmt: skip
+    design = json.loads(json.dumps(design))  # as the file holds it (tuples are lists)
+    if args.reuse and saved.get("design", design) != design:
+        raise SystemExit(f"{path} holds seeds of another design ({saved['design']}), not {design}: use another --out")
+    saved["design"] = design
     model = None
     for seed in seeds:
         if str(seed) not in saved["seeds"] or not args.reuse:
@@ -534,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
+    if args.trunk and not args.apatch_live:
+        parser.error("--trunk is a choice of --apatch-live")
+    if (args.trunk_updates is not None or args.arm_updates is not None) and not args.apatch_sampled:
+        parser.error("--trunk-updates and --arm-updates are choices of --apatch-sampled")
     if args.apatch_steering:
         args.seeds = args.seeds or list(STEERING_SEEDS)
         return steering(args)

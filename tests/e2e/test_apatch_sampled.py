@@ -162,3 +162,14 @@ def test_the_live_replications_rule_needs_both_contrasts_below_zero_in_every_see
     # Stage B's registered rule (no trunk, no neutral arm) decides by on - swapped alone
     stage_b = {seed: {arm: r for arm, r in runs(-0.01).items() if arm != "neutral"} for seed in (42, 1)}
     assert learning_check.live_verdict(stage_b)["passed"]
+
+
+def test_the_command_refuses_seeds_of_another_design_and_flags_outside_their_mode(tmp_path, capsys):
+    design = {"lr": apatch_sampled.LIVE_LR, "trunk_updates": 10, "arm_updates": 6}
+    (tmp_path / "apatch_sampled.json").write_text(json.dumps({"seeds": {"1": {}}, "design": design}))
+    with pytest.raises(SystemExit, match="another design"):
+        learning_check.main(["--apatch-sampled", "--reuse", "--out", str(tmp_path), "--seeds", "1"])
+    for flags in (["--trunk"], ["--trunk-updates", "3"], ["--apatch-live", "--arm-updates", "2"]):
+        with pytest.raises(SystemExit):
+            learning_check.main([*flags, "--out", str(tmp_path)])
+        assert "choice" in capsys.readouterr().err
